@@ -1,0 +1,1 @@
+"""The ``kvagent`` command line (click)."""

@@ -1,0 +1,80 @@
+"""Entry point of the ``kvagent`` command."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import Any
+
+import click
+
+from .. import __version__
+from ..config import CONFIG_ENV, DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
+from ..errors import EXIT_FAILED, EXIT_USAGE, KvagentError
+from ..log import configure_logging
+
+
+class KvagentGroup(click.Group):
+    """Turns kvagent's exceptions into one clear message and an exit code; no tracebacks."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ConfigError as exc:
+            for problem in exc.problems:
+                click.echo(f"kvagent: config error: {problem}", err=True)
+            sys.exit(EXIT_USAGE)
+        except KvagentError as exc:
+            click.echo(f"kvagent: error: {exc.message}", err=True)
+            if exc.hint:
+                click.echo(f"kvagent: hint: {exc.hint}", err=True)
+            sys.exit(exc.exit_code)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException,
+                SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            verbose = (ctx.obj or {}).get("verbose", 0)
+            if verbose:
+                traceback.print_exc()
+            click.echo(f"kvagent: internal error: {type(exc).__name__}: {exc}", err=True)
+            if not verbose:
+                click.echo("kvagent: hint: run again with -v to see where it happened",
+                           err=True)
+            sys.exit(EXIT_FAILED)
+
+
+@click.group(cls=KvagentGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-c", "--config", "config_file", metavar="FILE", envvar=CONFIG_ENV,
+              help=f"Config file [default: {DEFAULT_CONFIG_PATH}; env {CONFIG_ENV}].")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="Result format on stdout.")
+@click.option("-v", "--verbose", count=True, help="More logging (on stderr).")
+@click.version_option(__version__, "--version", prog_name="kvagent")
+@click.pass_context
+def main(ctx: click.Context, config_file: str | None, output: str, verbose: int) -> None:
+    """kvagent: KV-cache pools over NVMe-oF, from storage host to inference engine.
+
+    Storage hosts export pools with the kernel NVMe target (nvmet) over
+    NVMe/TCP and NVMe/RDMA; GPU hosts connect, mount and hand them to
+    inference engines; every host reports health.
+
+    Results go to stdout (-o json for scripts), logs to stderr.
+    Exit codes: 0 success, 1 failed, 2 bad usage or config.
+    """
+    configure_logging(verbose)
+    ctx.obj = {"config_file": config_file, "output": output, "verbose": verbose}
+
+
+def load_cli_config() -> Config:
+    """The config named by -c/--config, $KVAGENT_CONFIG or the default path."""
+    ctx = click.get_current_context()
+    return load_config(ctx.find_root().obj.get("config_file"))
+
+
+def _register() -> None:
+    from . import config_cmd
+
+    main.add_command(config_cmd.config_group)
+
+
+_register()

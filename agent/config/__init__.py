@@ -1,0 +1,129 @@
+"""kvagent configuration: load one YAML file into a frozen, typed :class:`Config`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .build import Builder, Problem, format_path
+from .model import (
+    Config,
+    DeviceBacking,
+    EngineConfig,
+    FileBacking,
+    HealthConfig,
+    InitiatorConfig,
+    InitiatorPool,
+    LvmBacking,
+    NodeConfig,
+    PortConfig,
+    TargetConfig,
+    TargetHost,
+    TargetPool,
+    TargetRef,
+)
+from .yamlsource import MarkedDict, line_of, load_yaml
+
+DEFAULT_CONFIG_PATH = "/etc/kvagent/kvagent.yaml"
+CONFIG_ENV = "KVAGENT_CONFIG"
+
+__all__ = [
+    "CONFIG_ENV",
+    "DEFAULT_CONFIG_PATH",
+    "Config",
+    "ConfigError",
+    "ConfigProblem",
+    "DeviceBacking",
+    "EngineConfig",
+    "FileBacking",
+    "HealthConfig",
+    "InitiatorConfig",
+    "InitiatorPool",
+    "LvmBacking",
+    "NodeConfig",
+    "PortConfig",
+    "TargetConfig",
+    "TargetHost",
+    "TargetPool",
+    "TargetRef",
+    "config_path",
+    "load_config",
+    "parse_config",
+]
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One problem in a config file, located as precisely as the loader knows."""
+
+    file: str
+    line: int | None
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.field}: {self.message}"
+
+
+class ConfigError(Exception):
+    """The config file is missing, unreadable, not YAML, or invalid. Carries every problem."""
+
+    def __init__(self, problems: list[ConfigProblem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The config file to use: explicit argument, else ``$KVAGENT_CONFIG``, else the default."""
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH)
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    """Parse and validate config text; raise :class:`ConfigError` listing every problem."""
+    try:
+        data = load_yaml(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([ConfigProblem(source, line, "(yaml)", f"not valid YAML: {problem}")])\
+            from None
+    if data is None:
+        raise ConfigError([ConfigProblem(source, None, "(top level)",
+                                         "the file is empty; it needs at least 'version: 1'")])
+    if not isinstance(data, MarkedDict):
+        raise ConfigError([ConfigProblem(source, getattr(data, "line", 1), "(top level)",
+                                         "must be a mapping of sections (version, node, ...)")])
+    if "version" not in data:
+        raise ConfigError([ConfigProblem(source, 1, "version", "is required and must be 1")])
+    builder = Builder()
+    config = builder.build(Config, data)
+    if builder.problems or config is None:
+        raise ConfigError([_locate(source, data, p) for p in builder.problems])
+    return config
+
+
+def _locate(source: str, data: MarkedDict, problem: Problem) -> ConfigProblem:
+    return ConfigProblem(source, line_of(data, problem.path), format_path(problem.path),
+                         problem.message)
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> Config:
+    """Load the config file (see :func:`config_path`); raise :class:`ConfigError` if bad."""
+    file = config_path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([ConfigProblem(str(file), None, "(file)",
+                                         "does not exist (give one with -c/--config or "
+                                         f"${CONFIG_ENV})")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([ConfigProblem(str(file), None, "(file)",
+                                         f"cannot be read: {exc}")]) from None
+    return parse_config(text, str(file))

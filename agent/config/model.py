@@ -1,0 +1,451 @@
+"""The typed, frozen kvagent configuration model.
+
+Each field carries its reference documentation (``metadata["doc"]``), from
+which ``docs/configuration.md`` is generated and checked. Cross-field rules
+live in each class' ``check()``, which yields ``(relative path, message)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from nvmet.nqn import NQN_MAX_BYTES
+
+from ..naming import subsystem_nqn
+from .build import doc_field, duplicates
+from .types import (
+    NQN,
+    AbsPath,
+    AccountName,
+    BlankDevice,
+    DeviceId,
+    Duration,
+    FileMode,
+    IPAddress,
+    ListenAddress,
+    Name,
+    NQNPrefix,
+    Percent,
+    Size,
+    VolumeGroupName,
+    default_node_name,
+)
+
+Check = Iterator[tuple[tuple[str | int, ...], str]]
+
+Transport = Literal["tcp", "rdma"]
+EngineKind = Literal["lmcache", "vllm", "dynamo", "sglang", "mooncake"]
+MIB = 1024 * 1024
+#: nvmet allows up to 1024 namespaces per subsystem (NVMET_MAX_NAMESPACES).
+MAX_NAMESPACES = 1024
+#: mkfs.xfs refuses devices under 300 MB.
+XFS_MIN_BYTES = 300 * 1000 * 1000
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """This host: its name and where kvagent keeps state."""
+
+    name: Name = doc_field(
+        "Short name of this host, used in subsystem NQNs (default: the hostname).",
+        default_factory=lambda: Name(default_node_name()),
+    )
+    nqn_prefix: NQNPrefix = doc_field(
+        "Prefix of every subsystem NQN kvagent creates; kvagent owns exactly the subsystems "
+        "under it. Storage and GPU hosts must agree on it.",
+        NQNPrefix("nqn.2026-11.io.kvagent"),
+    )
+    state_dir: AbsPath = doc_field(
+        "Where kvagent keeps its records (last apply, device claims, probes).",
+        AbsPath("/var/lib/kvagent"),
+    )
+    run_dir: AbsPath = doc_field("Runtime directory (the apply lock).", AbsPath("/run/kvagent"))
+    configfs: AbsPath = doc_field(
+        "Mount point of configfs (nvmet lives under <configfs>/nvmet).",
+        AbsPath("/sys/kernel/config"),
+    )
+    sysfs: AbsPath = doc_field("Mount point of sysfs.", AbsPath("/sys"))
+    nvme_dir: AbsPath = doc_field(
+        "Directory holding hostnqn and hostid (nvme-cli's).", AbsPath("/etc/nvme")
+    )
+
+
+@dataclass(frozen=True)
+class PortConfig:
+    """An nvmet port: one transport address the target listens on."""
+
+    name: Name = doc_field("Name that pools use to refer to this port.")
+    id: int = doc_field("nvmet port id (the configfs directory name), 1-65535.",
+                        minimum=1, maximum=65535)
+    transport: Transport = doc_field("'tcp' (NVMe/TCP) or 'rdma' (NVMe/RDMA, RoCE).")
+    address: IPAddress = doc_field("Local IPv4 or IPv6 address to listen on.")
+    service: int = doc_field("TCP port / RDMA service id.", 4420, minimum=1, maximum=65535)
+    inline_data_size: int | None = doc_field(
+        "param_inline_data_size in bytes (default: the kernel's).", None, minimum=0,
+        maximum=1048576,
+    )
+
+
+@dataclass(frozen=True)
+class TargetHost:
+    """A GPU host allowed to use a pool."""
+
+    name: Name = doc_field("Short name of the host (part of its subsystem's NQN).")
+    nqn: NQN = doc_field("The host's NQN (its /etc/nvme/hostnqn).")
+
+
+@dataclass(frozen=True)
+class LvmBacking:
+    """Logical volumes in a volume group."""
+
+    kind: Literal["lvm"] = doc_field("'lvm'.")
+    volume_group: VolumeGroupName = doc_field("Volume group that holds the pool's volumes.")
+    devices: tuple[BlankDevice, ...] = doc_field(
+        "Blank devices on which kvagent creates the volume group if it does not exist "
+        "(refused if any carries data). Empty: the group must already exist.",
+        (),
+    )
+
+    def check(self) -> Check:
+        for i, dev, first in duplicates(enumerate(self.devices)):
+            yield ("devices", i), f"{dev} is listed twice (also at devices[{first}])"
+
+
+@dataclass(frozen=True)
+class FileBacking:
+    """Preallocated files in a directory."""
+
+    kind: Literal["file"] = doc_field("'file'.")
+    directory: AbsPath = doc_field("Directory for the pool's files (created if missing).")
+    buffered_io: bool = doc_field(
+        "Use the page cache (nvmet buffered_io). Needed on filesystems without O_DIRECT "
+        "(tmpfs, overlay); slower and uses RAM.",
+        False,
+    )
+
+
+@dataclass(frozen=True)
+class DeviceEntry:
+    """One whole block device exported as one namespace."""
+
+    path: DeviceId = doc_field("Stable device path under /dev/disk/by-id/.")
+    host: Name | None = doc_field(
+        "Host that gets this device (required unless the pool is shared).", None
+    )
+
+
+@dataclass(frozen=True)
+class DeviceBacking:
+    """Whole block devices, one namespace each."""
+
+    kind: Literal["device"] = doc_field("'device'.")
+    devices: tuple[DeviceEntry, ...] = doc_field("The devices, each with its host.")
+
+    def check(self) -> Check:
+        if not self.devices:
+            yield ("devices",), "must list at least one device"
+        for i, path, first in duplicates((i, d.path) for i, d in enumerate(self.devices)):
+            yield ("devices", i, "path"), f"{path} is listed twice (also at devices[{first}])"
+
+
+Backing = LvmBacking | FileBacking | DeviceBacking
+
+
+@dataclass(frozen=True)
+class NamespaceSpec:
+    """How many namespaces each host gets, and how big."""
+
+    count: int = doc_field("Namespaces per host subsystem (or in the shared subsystem).",
+                           minimum=1, maximum=MAX_NAMESPACES)
+    size: Size = doc_field("Size of each namespace, e.g. 512GiB.")
+
+    def check(self) -> Check:
+        if self.size < 4 * MIB:
+            yield ("size",), f"{self.size} bytes is too small; a namespace needs at least 4MiB"
+        elif self.size % (4096) != 0:
+            yield ("size",), f"{self.size} bytes is not a multiple of 4096"
+
+
+@dataclass(frozen=True)
+class TargetPool:
+    """A KV-cache pool exported by this storage host."""
+
+    name: Name = doc_field("Pool name; GPU hosts attach it by this name.")
+    backing: Backing = doc_field("Where the namespaces come from: kind lvm, file or device.")
+    ports: tuple[Name, ...] = doc_field("Names of the ports that export the pool.")
+    hosts: tuple[TargetHost, ...] = doc_field(
+        "GPU hosts allowed to use the pool. Empty: nobody (nothing is exported).", ()
+    )
+    namespaces: NamespaceSpec | None = doc_field(
+        "Namespace count and size (lvm and file backings; not for device).", None
+    )
+    shared: bool = doc_field(
+        "One subsystem for all hosts (raw-block consumers that coordinate themselves). "
+        "Default: each host gets its own subsystem and namespaces.",
+        False,
+    )
+    allow_any_host: bool = doc_field(
+        "Let any host connect (only with shared: true; logged as a warning).", False
+    )
+    model: str = doc_field("Model string the namespaces report (attr_model).", "kvagent")
+
+    def check(self) -> Check:
+        if not self.ports:
+            yield ("ports",), "must name at least one port"
+        for i, port, first in duplicates(enumerate(self.ports)):
+            yield ("ports", i), f"port {port!r} is listed twice (also at ports[{first}])"
+        for i, name, first in duplicates((i, h.name) for i, h in enumerate(self.hosts)):
+            yield ("hosts", i, "name"), f"host name {name!r} is used twice (also hosts[{first}])"
+        for i, nqn, first in duplicates((i, h.nqn) for i, h in enumerate(self.hosts)):
+            yield ("hosts", i, "nqn"), f"host NQN is listed twice (also hosts[{first}])"
+        if len(self.model) > 40 or not self.model.isprintable():
+            yield ("model",), "must be at most 40 printable characters"
+        if self.allow_any_host and not self.shared:
+            yield ("allow_any_host",), (
+                "is only allowed with shared: true; a per-host pool must list its hosts"
+            )
+        if isinstance(self.backing, DeviceBacking):
+            if self.namespaces is not None:
+                yield ("namespaces",), "is not used with kind: device (one namespace per device)"
+            names = {h.name for h in self.hosts}
+            for i, dev in enumerate(self.backing.devices):
+                if self.shared and dev.host is not None:
+                    yield ("backing", "devices", i, "host"), "must be omitted in a shared pool"
+                elif not self.shared and dev.host is None:
+                    yield ("backing", "devices", i, "host"), (
+                        "is required: each device belongs to one host unless the pool is shared"
+                    )
+                elif not self.shared and dev.host not in names:
+                    yield ("backing", "devices", i, "host"), (
+                        f"{dev.host!r} is not one of this pool's hosts "
+                        f"({', '.join(sorted(names)) or 'none listed'})"
+                    )
+        elif self.namespaces is None:
+            yield ("namespaces",), f"is required for kind: {self.backing.kind}"
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """The storage-host role: ports and pools."""
+
+    ports: tuple[PortConfig, ...] = doc_field("Ports the target listens on.", ())
+    pools: tuple[TargetPool, ...] = doc_field("Pools to export.", ())
+    address_wait: Duration = doc_field(
+        "How long apply waits for a port's address to appear (after boot) before failing "
+        "that port.",
+        Duration(30),
+    )
+
+    def check(self) -> Check:
+        for i, name, first in duplicates((i, p.name) for i, p in enumerate(self.ports)):
+            yield ("ports", i, "name"), f"port name {name!r} is used twice (also ports[{first}])"
+        for i, pid, first in duplicates((i, p.id) for i, p in enumerate(self.ports)):
+            yield ("ports", i, "id"), f"port id {pid} is used twice (also ports[{first}])"
+        for i, ep, first in duplicates(
+            (i, (p.transport, p.address, p.service)) for i, p in enumerate(self.ports)
+        ):
+            yield ("ports", i), (
+                f"{ep[0]} {ep[1]}:{ep[2]} is the same endpoint as ports[{first}]"
+            )
+        for i, name, first in duplicates((i, p.name) for i, p in enumerate(self.pools)):
+            yield ("pools", i, "name"), f"pool name {name!r} is used twice (also pools[{first}])"
+        port_names = [p.name for p in self.ports]
+        for i, pool in enumerate(self.pools):
+            for j, ref in enumerate(pool.ports):
+                if ref not in port_names:
+                    yield ("pools", i, "ports", j), (
+                        f"unknown port {ref!r} (defined ports: {', '.join(port_names) or 'none'})"
+                    )
+        seen: dict[str, str] = {}
+        for i, pool in enumerate(self.pools):
+            devices = ()
+            if isinstance(pool.backing, DeviceBacking):
+                devices = tuple((("backing", "devices", j, "path"), d.path)
+                                for j, d in enumerate(pool.backing.devices))
+            elif isinstance(pool.backing, LvmBacking):
+                devices = tuple((("backing", "devices", j), d)
+                                for j, d in enumerate(pool.backing.devices))
+            for rel, dev in devices:
+                if dev in seen and seen[dev] != pool.name:
+                    yield ("pools", i, *rel), f"{dev} is already used by pool {seen[dev]!r}"
+                seen.setdefault(dev, pool.name)
+        vgs: dict[str, tuple[str, ...]] = {}
+        for i, pool in enumerate(self.pools):
+            if isinstance(pool.backing, LvmBacking) and pool.backing.devices:
+                vg = pool.backing.volume_group
+                if vg in vgs and vgs[vg] != pool.backing.devices:
+                    yield ("pools", i, "backing", "devices"), (
+                        f"volume group {vg!r} is given different devices by another pool"
+                    )
+                vgs.setdefault(vg, pool.backing.devices)
+
+
+@dataclass(frozen=True)
+class TargetRef:
+    """A storage host's port that serves an initiator pool."""
+
+    transport: Transport = doc_field("'tcp' or 'rdma'.")
+    address: IPAddress = doc_field("The target port's address.")
+    service: int = doc_field("The target port's TCP port / service id.", 4420,
+                             minimum=1, maximum=65535)
+    subsystem: NQN | None = doc_field(
+        "Subsystem NQN to connect to. Default: found by discovery (the subsystem under "
+        "node.nqn_prefix for this pool that the target lets this host see).",
+        None,
+    )
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    """nvme connect options for a pool's controllers."""
+
+    ctrl_loss_tmo: Duration | Literal["forever"] = doc_field(
+        "How long the kernel keeps reconnecting before giving the device up; 'forever' "
+        "(default) keeps the mount alive across target outages.",
+        "forever",
+    )
+    reconnect_delay: Duration = doc_field("Delay between reconnect attempts.", Duration(2))
+    keep_alive_tmo: Duration | None = doc_field("Keep-alive timeout (default: kernel's).", None)
+    nr_io_queues: int | None = doc_field("Number of I/O queues (default: one per CPU).", None,
+                                         minimum=1, maximum=1024)
+    queue_size: int | None = doc_field("I/O queue depth (default: kernel's).", None,
+                                       minimum=16, maximum=1024)
+    host_iface: str | None = doc_field("Network interface to connect through (TCP).", None)
+    host_traddr: IPAddress | None = doc_field("Local address to connect from.", None)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """An inference engine that uses the pool."""
+
+    kind: EngineKind = doc_field("lmcache, vllm, dynamo, sglang or mooncake.")
+    owner: AccountName = doc_field("Owner of the engine's directories.", AccountName("root"))
+    group: AccountName = doc_field("Group of the engine's directories.", AccountName("root"))
+    mode: FileMode = doc_field("Mode of the engine's directories (quoted octal).",
+                               FileMode(0o750))
+    capacity: Percent | None = doc_field(
+        "Share of the pool's capacity this engine may fill (default: 90% split evenly "
+        "between the pool's engines). All engines together stay at or below 90%.",
+        None,
+    )
+
+
+@dataclass(frozen=True)
+class InitiatorPool:
+    """A pool this GPU host attaches."""
+
+    name: Name = doc_field("The pool's name on the storage host(s).")
+    targets: tuple[TargetRef, ...] = doc_field(
+        "Storage-host ports to attach from (several storage hosts add bandwidth). "
+        "'target:' with a single mapping is accepted too.",
+        alias="target",
+    )
+    mount: AbsPath = doc_field("Mount root: one subdirectory per namespace, or the striped "
+                               "volume itself.")
+    layout: Literal["per-namespace", "striped"] = doc_field(
+        "'per-namespace': one xfs per namespace under mount/nsN (engines shard per GPU); "
+        "'striped': one LVM striped volume across all namespaces.",
+        "per-namespace",
+    )
+    shared: bool = doc_field(
+        "The target pool is shared (raw block): connect only, never make a filesystem.", False
+    )
+    mount_options: tuple[str, ...] = doc_field("Mount options.", ("noatime",))
+    connect: ConnectOptions = doc_field("nvme connect options.",
+                                        default_factory=ConnectOptions)
+    engines: tuple[EngineConfig, ...] = doc_field("Engines that use this pool.", ())
+
+    def check(self) -> Check:
+        if not self.targets:
+            yield ("targets",), "must list at least one target"
+        for i, ep, first in duplicates(
+            (i, (t.transport, t.address, t.service, t.subsystem))
+            for i, t in enumerate(self.targets)
+        ):
+            yield ("targets", i), f"{ep[1]}:{ep[2]} is listed twice (also targets[{first}])"
+        for i, kind, first in duplicates((i, e.kind) for i, e in enumerate(self.engines)):
+            yield ("engines", i, "kind"), f"engine {kind!r} is listed twice (also [{first}])"
+        for i, opt in enumerate(self.mount_options):
+            if not opt or "," in opt or any(c.isspace() for c in opt):
+                yield ("mount_options", i), f"{opt!r} must be one option without ',' or spaces"
+        if self.shared and self.engines:
+            yield ("engines",), "engines need a filesystem; a shared (raw-block) pool has none"
+        if self.shared and self.layout != "per-namespace":
+            yield ("layout",), "a shared (raw-block) pool has no filesystem to stripe"
+        caps = [e.capacity for e in self.engines if e.capacity is not None]
+        if sum(caps) > 90 + 1e-9:
+            yield ("engines",), (
+                f"capacities add up to {sum(caps):g}%; engines together may use at most 90% "
+                "of the pool (engines do not always evict on disk)"
+            )
+
+
+@dataclass(frozen=True)
+class InitiatorConfig:
+    """The GPU-host role: pools to attach."""
+
+    pools: tuple[InitiatorPool, ...] = doc_field("Pools to attach.", ())
+    device_wait: Duration = doc_field(
+        "How long to wait for a namespace's block device after connecting.", Duration(30)
+    )
+
+    def check(self) -> Check:
+        for i, name, first in duplicates((i, p.name) for i, p in enumerate(self.pools)):
+            yield ("pools", i, "name"), f"pool name {name!r} is used twice (also pools[{first}])"
+        mounts = [(i, p.mount) for i, p in enumerate(self.pools)]
+        for i, mount in mounts:
+            for j, other in mounts:
+                if j < i and (mount == other or mount.startswith(other.rstrip("/") + "/")
+                              or other.startswith(mount.rstrip("/") + "/")):
+                    yield ("pools", i, "mount"), (
+                        f"{mount} overlaps the mount of pools[{j}] ({other})"
+                    )
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """Health reporting: HTTP endpoint, loop interval, textfile."""
+
+    listen: ListenAddress = doc_field(
+        "Address of the /metrics, /healthz and /readyz server. Binding beyond loopback is "
+        "an explicit choice.",
+        ListenAddress("127.0.0.1:9808"),
+    )
+    interval: Duration = doc_field("Reconcile and collect interval of kvagent run.",
+                                   Duration(30))
+    textfile: AbsPath | None = doc_field(
+        "Also write metrics in node_exporter textfile format to this file (atomically).", None
+    )
+
+    def check(self) -> Check:
+        if self.interval < 1:
+            yield ("interval",), "must be at least 1s"
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole kvagent.yaml."""
+
+    version: Literal[1] = doc_field("Config format version; must be 1.")
+    node: NodeConfig = doc_field("This host.", default_factory=NodeConfig)
+    target: TargetConfig | None = doc_field("Storage-host role (omit on GPU-only hosts).", None)
+    initiator: InitiatorConfig | None = doc_field("GPU-host role (omit on storage-only hosts).",
+                                                  None)
+    health: HealthConfig = doc_field("Health reporting.", default_factory=HealthConfig)
+
+    def check(self) -> Check:
+        if self.target is not None:
+            for i, pool in enumerate(self.target.pools):
+                hosts = [None] if pool.shared else [h.name for h in pool.hosts]
+                for j, host in enumerate(hosts):
+                    nqn = subsystem_nqn(self.node.nqn_prefix, self.node.name, pool.name, host)
+                    size = len(nqn.encode())
+                    if size > NQN_MAX_BYTES:
+                        where = ("target", "pools", i) + (("hosts", j, "name") if host else
+                                                          ("name",))
+                        yield where, (
+                            f"subsystem NQN {nqn!r} would be {size} bytes (limit "
+                            f"{NQN_MAX_BYTES}); shorten node.nqn_prefix, node.name or the names"
+                        )

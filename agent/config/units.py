@@ -1,0 +1,95 @@
+"""Parsing of human-written sizes (``512GiB``, ``1.5TB``) and durations (``30s``, ``5m``)."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "p": 1000**5,
+    "pb": 1000**5,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+    "pib": 1024**5,
+}
+_DURATION_UNITS = {"ms": Decimal("0.001"), "s": 1, "m": 60, "h": 3600, "d": 86400}
+_NUMBER_UNIT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(value: object) -> int:
+    """Bytes from an int or a string like ``512GiB``, ``1.5TB``, ``4096``.
+
+    Decimal units (kB, MB, GB, TB) are powers of 1000; binary ones (KiB, MiB,
+    GiB, TiB) powers of 1024. A fraction must come out as a whole number of bytes.
+    """
+    if isinstance(value, bool):
+        raise ValueError("must be a size such as 512GiB or 1.5TB, not a boolean")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("must not be negative")
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"must be a size such as 512GiB or 1.5TB, got {type(value).__name__}")
+    m = _NUMBER_UNIT.match(value)
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(
+            f"{value!r} is not a size; use a number with a unit: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB"
+        )
+    try:
+        number = Decimal(m.group(1))
+    except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
+        raise ValueError(f"{value!r} is not a number") from exc
+    total = number * _SIZE_UNITS[m.group(2).lower()]
+    if total != total.to_integral_value():
+        raise ValueError(f"{value!r} is not a whole number of bytes")
+    return int(total)
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a number or a string like ``30s``, ``5m``, ``1.5h``, ``250ms``."""
+    if isinstance(value, bool):
+        raise ValueError("must be a duration such as 30s or 5m, not a boolean")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError("must not be negative")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError(f"must be a duration such as 30s or 5m, got {type(value).__name__}")
+    m = _NUMBER_UNIT.match(value)
+    unit = m.group(2).lower() if m else ""
+    if not m or (unit and unit not in _DURATION_UNITS):
+        raise ValueError(f"{value!r} is not a duration; use a number with ms, s, m, h or d")
+    return float(Decimal(m.group(1)) * (_DURATION_UNITS[unit] if unit else 1))
+
+
+def format_size(n: int) -> str:
+    """A short binary-unit rendering of a byte count, for humans (``1.5 GiB``)."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_duration(seconds: float) -> str:
+    """``30s``, ``5m``, ``1.5h``: the shortest unit that keeps the value readable."""
+    if seconds >= 3600 and seconds % 360 == 0:
+        return f"{seconds / 3600:g}h"
+    if seconds >= 60 and seconds % 6 == 0:
+        return f"{seconds / 60:g}m"
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    return f"{seconds:g}s"

@@ -1,0 +1,41 @@
+"""Fixtures for the real-kernel tier (inside the VM, or on a real host when opted in)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from . import kit
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kernel_modules() -> None:
+    kit.modprobe("nvmet", "nvmet-tcp", "nvme-tcp", "nvme-fabrics")
+    kit.sh("modprobe", "null_blk", "nr_devices=0")
+
+
+@pytest.fixture
+def nullb():
+    """Factory for memory-backed null_blk devices, removed after the test."""
+    made: list[str] = []
+
+    def factory(size_mb: int = 256) -> str:
+        name = f"kvt{next(_names)}"
+        dev = kit.make_nullb(name, size_mb)
+        made.append(name)
+        return dev
+
+    yield factory
+    for name in made:
+        kit.remove_nullb(name)
+
+
+@pytest.fixture
+def rxe():
+    """Soft-RoCE on a veth pair (10.99.0.1), torn down after the test."""
+    link = kit.Rxe().up()
+    yield link
+    link.down()

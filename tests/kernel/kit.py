@@ -1,0 +1,178 @@
+"""Helpers for real-kernel tests (they run as root inside the VM)."""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+NVMET = Path("/sys/kernel/config/nvmet")
+NULLB = Path("/sys/kernel/config/nullb")
+
+
+def sh(*argv: str, check: bool = True, timeout: float = 60,
+       input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run argv; raise with its output on failure when ``check``."""
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
+                          input=input)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout}"
+                             f"{proc.stderr}")
+    return proc
+
+
+def modprobe(*modules: str) -> None:
+    for m in modules:
+        sh("modprobe", m)
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 30, interval: float = 0.2,
+             what: str = "condition") -> T:
+    """Poll until predicate returns a truthy value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def read(path: Path | str) -> str:
+    return Path(path).read_text().strip()
+
+
+def write(path: Path | str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def block_by_uuid(uuid: str) -> str | None:
+    """Visible block device (/dev/nvmeXnY) whose namespace uuid is ``uuid``."""
+    for dev in Path("/sys/block").glob("nvme*n*"):
+        if "c" in dev.name.split("nvme", 1)[1]:  # hidden per-path node nvmeXcYnZ
+            continue
+        try:
+            if read(dev / "uuid") == uuid:
+                return f"/dev/{dev.name}"
+        except OSError:
+            continue
+    return None
+
+
+def odirect_roundtrip(device: str, size: int = 4 << 20, offset: int = 0) -> str:
+    """Write ``size`` random bytes with O_DIRECT, read them back, return the sha256."""
+    buf = mmap.mmap(-1, size)
+    payload = os.urandom(size)
+    buf.write(payload)
+    fd = os.open(device, os.O_RDWR | os.O_DIRECT)
+    try:
+        assert os.pwritev(fd, [buf], offset) == size
+        os.fsync(fd)
+        back = mmap.mmap(-1, size)
+        assert os.preadv(fd, [back], offset) == size
+    finally:
+        os.close(fd)
+    written, read_back = hashlib.sha256(payload).hexdigest(), hashlib.sha256(back[:]).hexdigest()
+    assert written == read_back, f"data read back from {device} differs from what was written"
+    return written
+
+
+def sha256_of(path: str, size: int | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        remaining = size
+        while remaining is None or remaining > 0:
+            chunk = f.read(1 << 20 if remaining is None else min(1 << 20, remaining))
+            if not chunk:
+                break
+            h.update(chunk)
+            if remaining is not None:
+                remaining -= len(chunk)
+    return h.hexdigest()
+
+
+def sha256_of_range(path: str, offset: int, size: int) -> str:
+    """sha256 of ``size`` bytes at ``offset``, read with O_DIRECT (no stale page cache)."""
+    buf = mmap.mmap(-1, size)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        assert os.preadv(fd, [buf], offset) == size
+    finally:
+        os.close(fd)
+    return hashlib.sha256(buf[:]).hexdigest()
+
+
+def make_nullb(name: str, size_mb: int = 256) -> str:
+    """A memory-backed null_blk device (data is kept) via configfs; returns /dev path."""
+    d = NULLB / name
+    d.mkdir()
+    write(d / "size", str(size_mb))
+    write(d / "memory_backed", "1")
+    write(d / "blocksize", "512")
+    write(d / "power", "1")
+    index = read(d / "index")
+    # Kernels since 5.19 name the disk after the configfs item; older ones nullb<index>.
+    candidates = (f"/dev/{name}", f"/dev/nullb{index}")
+    return wait_for(lambda: next((c for c in candidates if os.path.exists(c)), None), 10,
+                    what=" or ".join(candidates))
+
+
+def remove_nullb(name: str) -> None:
+    d = NULLB / name
+    if d.exists():
+        write(d / "power", "0")
+        d.rmdir()
+
+
+def nvmet_tree() -> list[str]:
+    """Every path under the nvmet configfs root (sorted), for 'empty again' checks."""
+    return sorted(str(p.relative_to(NVMET)) for p in NVMET.rglob("*"))
+
+
+def nvmet_is_empty() -> bool:
+    return all(not any((NVMET / d).iterdir()) for d in ("hosts", "ports", "subsystems"))
+
+
+def local_hostnqn() -> str:
+    return read("/etc/nvme/hostnqn")
+
+
+def controllers_for(nqn: str) -> list[Path]:
+    out = []
+    for c in Path("/sys/class/nvme").glob("nvme*"):
+        try:
+            if read(c / "subsysnqn") == nqn:
+                out.append(c)
+        except OSError:
+            continue
+    return out
+
+
+class Rxe:
+    """A veth pair with a soft-RoCE device on one end: RDMA over an address of our own."""
+
+    def __init__(self, address: str = "10.99.0.1", prefix: int = 24,
+                 veth: str = "kvveth0", peer: str = "kvveth1", name: str = "kvrxe0"):
+        self.address, self.prefix, self.veth, self.peer, self.name = (
+            address, prefix, veth, peer, name)
+
+    def up(self) -> Rxe:
+        modprobe("rdma_rxe", "nvmet-rdma", "nvme-rdma")
+        sh("ip", "link", "add", self.veth, "type", "veth", "peer", "name", self.peer)
+        sh("ip", "addr", "add", f"{self.address}/{self.prefix}", "dev", self.veth)
+        sh("ip", "link", "set", self.veth, "up")
+        sh("ip", "link", "set", self.peer, "up")
+        sh("rdma", "link", "add", self.name, "type", "rxe", "netdev", self.veth)
+        return self
+
+    def down(self) -> None:
+        sh("rdma", "link", "delete", self.name, check=False)
+        sh("ip", "link", "del", self.veth, check=False)

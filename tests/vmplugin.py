@@ -1,0 +1,183 @@
+"""Pytest integration of the real-kernel tier.
+
+Tests marked ``kernel`` never run on the host's own kernel. When the host
+session reaches the first kernel test of a group, it boots one VM
+(``scripts/vm``) that runs every kernel test of that group inside the guest
+with this same plugin, which writes a JSON report. The host then reports
+each test with its guest outcome and output, so a kernel test passes or fails
+on the host exactly as it did in the guest; a VM that cannot boot fails them
+all. A skip inside the guest is a failure: this tier never silently skips.
+
+``KVAGENT_REAL_HOST=1`` (opt-in, root) runs kernel tests directly on this
+machine instead (the real-host tier).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _pytest.reports import TestReport
+
+REPO = Path(__file__).resolve().parent.parent
+IN_GUEST = os.environ.get("KVAGENT_IN_VM") == "1" or os.environ.get("KVAGENT_REAL_HOST") == "1"
+DEFAULT_GROUP = "main"
+GUEST_TIMEOUT = int(os.environ.get("KVAGENT_VM_TIMEOUT", "2400"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--kv-guest-report", default=None,
+                     help="(internal) where the guest session writes its JSON report")
+
+
+def group_of(item: pytest.Item) -> str:
+    marker = item.get_closest_marker("kernel")
+    return (marker.kwargs.get("group") if marker else None) or DEFAULT_GROUP
+
+
+# ---------------------------------------------------------------- guest side
+
+class GuestRecorder:
+    """Collects every phase report in the guest and writes them as JSON at the end."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.results: dict[str, dict[str, Any]] = {}
+
+    def pytest_runtest_logreport(self, report: TestReport) -> None:
+        entry = self.results.setdefault(report.nodeid, {})
+        if report.skipped and isinstance(report.longrepr, tuple):
+            text = report.longrepr[2]
+        else:
+            text = report.longreprtext
+        entry[report.when] = {
+            "outcome": report.outcome,
+            "text": text,
+            "duration": report.duration,
+            "sections": [list(s) for s in report.sections],
+        }
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        Path(self.path).write_text(json.dumps(self.results))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--kv-guest-report")
+    if path:
+        config.pluginmanager.register(GuestRecorder(path), "kv-guest-recorder")
+
+
+# ----------------------------------------------------------------- host side
+
+class KernelTier:
+    """Boots one VM per group of kernel tests and hands out the guest's results."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.groups: dict[str, list[pytest.Item]] = {}
+        self.results: dict[str, dict[str, Any]] = {}
+        self.failures: dict[str, str] = {}
+
+    def results_for(self, item: pytest.Item) -> tuple[dict[str, Any] | None, str | None]:
+        group = group_of(item)
+        if group not in self.results and group not in self.failures:
+            self._run_group(group)
+        if group in self.failures:
+            return None, self.failures[group]
+        return self.results[group].get(item.nodeid), None
+
+    def _run_group(self, group: str) -> None:
+        items = self.groups[group]
+        out = Path(tempfile.mkdtemp(prefix=f"kvagent-kernel-{group}-"))
+        report = out / "report.json"
+        log = out / "guest.log"
+        python = str(REPO / ".venv/bin/python") if (REPO / ".venv/bin/python").exists() \
+            else sys.executable
+        inner = [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA",
+                 "--kv-guest-report", str(report), *[i.nodeid for i in items]]
+        argv = [sys.executable, str(REPO / "scripts/vm"), "--out", str(out), "--quiet",
+                "--log", str(log), "--timeout", str(GUEST_TIMEOUT), "--", *inner]
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter:
+            reporter.write_line(f"[kernel tier] booting a VM for group {group!r} "
+                                f"({len(items)} tests); guest log: {log}")
+        proc = subprocess.run(argv, cwd=REPO, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              check=False)
+        if reporter:
+            reporter.write_line(f"[kernel tier] group {group!r}: {proc.stdout.strip()}")
+        if report.exists():
+            self.results[group] = json.loads(report.read_text())
+        else:
+            tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+            self.failures[group] = (
+                f"the VM for kernel group {group!r} produced no report "
+                f"(scripts/vm exit {proc.returncode}):\n{proc.stdout}\n--- guest log tail ---\n"
+                f"{tail}"
+            )
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    if IN_GUEST:
+        return
+    kernel = [i for i in items if i.get_closest_marker("kernel")]
+    if not kernel:
+        return
+    tier = KernelTier(config)
+    for item in kernel:
+        tier.groups.setdefault(group_of(item), []).append(item)
+    config.stash[_TIER] = tier
+    # Keep each group contiguous so its VM's results are used while fresh.
+    order = {g: n for n, g in enumerate(tier.groups)}
+    others = [i for i in items if not i.get_closest_marker("kernel")]
+    items[:] = others + sorted(kernel, key=lambda i: order[group_of(i)])
+
+
+_TIER = pytest.StashKey[KernelTier]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    if IN_GUEST or not item.get_closest_marker("kernel"):
+        return None
+    tier = item.config.stash[_TIER]
+    ihook = item.ihook
+    ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    result, failure = tier.results_for(item)
+    for when, outcome, text, sections, duration in _phases(result, failure):
+        longrepr: Any = None
+        if outcome == "skipped":
+            path, lineno, _ = item.location
+            longrepr = (str(path), (lineno or 0) + 1, text)
+        elif outcome == "failed":
+            longrepr = text
+        report = TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords},
+                            outcome, longrepr, when, sections=sections, duration=duration)
+        ihook.pytest_runtest_logreport(report=report)
+    ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+def _phases(result: dict[str, Any] | None, failure: str | None):
+    if failure is not None:
+        yield "setup", "failed", failure, [], 0.0
+        return
+    if result is None:
+        yield "setup", "failed", "the guest session did not report this test (it crashed, " \
+            "timed out or was not collected in the guest)", [], 0.0
+        return
+    for when in ("setup", "call", "teardown"):
+        phase = result.get(when)
+        if phase is None:
+            continue
+        outcome, text = phase["outcome"], phase["text"]
+        if outcome == "skipped":
+            outcome, text = "failed", f"kernel tests must not skip; the guest said: {text}"
+        yield when, outcome, text, [tuple(s) for s in phase["sections"]], phase["duration"]

@@ -198,7 +198,7 @@ class TargetPool:
             yield ("ports", i), f"port {port!r} is listed twice (also at ports[{first}])"
         for i, name, first in duplicates((i, h.name) for i, h in enumerate(self.hosts)):
             yield ("hosts", i, "name"), f"host name {name!r} is used twice (also hosts[{first}])"
-        for i, nqn, first in duplicates((i, h.nqn) for i, h in enumerate(self.hosts)):
+        for i, _nqn, first in duplicates((i, h.nqn) for i, h in enumerate(self.hosts)):
             yield ("hosts", i, "nqn"), f"host NQN is listed twice (also hosts[{first}])"
         if len(self.model) > 40 or not self.model.isprintable():
             yield ("model",), "must be at most 40 printable characters"

@@ -45,7 +45,8 @@ def parse_size(value: object) -> int:
     m = _NUMBER_UNIT.match(value)
     if not m or m.group(2).lower() not in _SIZE_UNITS:
         raise ValueError(
-            f"{value!r} is not a size; use a number with a unit: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB"
+            f"{value!r} is not a size; use a number with a unit: "
+            "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB"
         )
     try:
         number = Decimal(m.group(1))

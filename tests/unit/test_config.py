@@ -1,0 +1,265 @@
+"""Config loading and validation: every example is valid; broken configs name their field."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.cli.main import main
+from agent.config import ConfigError, load_config, parse_config
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+HOST_A = "nqn.2014-08.org.nvmexpress:uuid:2b7e1a3c-0d4f-4b6a-9c1e-5f2a7d9e0b11"
+HOST_B = "nqn.2014-08.org.nvmexpress:uuid:6c3f2b4d-1e5a-4c7b-8d2f-6a3b8e0f1c22"
+
+
+def base() -> dict:
+    """A valid config with both roles; each broken case mutates one thing."""
+    return {
+        "version": 1,
+        "node": {"name": "stor-01"},
+        "target": {
+            "ports": [{"name": "tcp0", "id": 1, "transport": "tcp", "address": "10.0.0.11"}],
+            "pools": [{
+                "name": "llama70b",
+                "backing": {"kind": "lvm", "volume_group": "vg_nvme"},
+                "namespaces": {"count": 4, "size": "512GiB"},
+                "ports": ["tcp0"],
+                "hosts": [{"name": "gpu-01", "nqn": HOST_A}],
+            }],
+        },
+        "initiator": {
+            "pools": [{
+                "name": "llama70b",
+                "target": {"transport": "tcp", "address": "10.0.0.11"},
+                "mount": "/var/lib/kvcache/llama70b",
+                "engines": [{"kind": "lmcache"}],
+            }],
+        },
+        "health": {"listen": "127.0.0.1:9808"},
+    }
+
+
+def test_base_is_valid() -> None:
+    cfg = parse_config(yaml.safe_dump(base()))
+    pool = cfg.target.pools[0]
+    assert pool.namespaces.size == 512 * 1024**3
+    assert cfg.initiator.pools[0].targets[0].service == 4420
+    assert cfg.initiator.pools[0].connect.ctrl_loss_tmo == "forever"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_examples_validate(example: Path) -> None:
+    result = CliRunner().invoke(main, ["config", "validate", str(example)])
+    assert result.exit_code == 0, result.output
+    assert "valid" in result.output
+
+
+def _set(d: dict, path: str, value: object) -> dict:
+    *parents, last = path.split(".")
+    node = d
+    for p in parents:
+        node = node[int(p)] if p.isdigit() else node[p]
+    if value is _DELETE:
+        del node[int(last) if last.isdigit() else last]
+    elif last.isdigit():
+        node[int(last)] = value
+    else:
+        node[last] = value
+    return d
+
+
+_DELETE = object()
+P = "target.pools.0"
+INI = "initiator.pools.0"
+
+# (case id, mutation path, new value, expected field path in the message, expected words)
+BROKEN = [
+    ("version-2", "version", 2, "version", "not one of"),
+    ("unknown-top-key", "nodes", {"name": "x"}, "nodes", "unknown key"),
+    ("typo-in-node", "node.nmae", "x", "node.nmae", "did you mean 'name'"),
+    ("bad-node-name", "node.name", "Stor_01", "node.name", "not a valid name"),
+    ("bad-prefix", "node.nqn_prefix", "iqn.2026-11.io.kvagent", "node.nqn_prefix", "NQN prefix"),
+    ("relative-state-dir", "node.state_dir", "var/lib/kvagent", "node.state_dir", "absolute"),
+    ("dotdot-path", "node.run_dir", "/run/../etc", "node.run_dir", "'..'"),
+    ("port-id-zero", "target.ports.0.id", 0, "target.ports[0].id", "out of range"),
+    ("port-id-string", "target.ports.0.id", "one", "target.ports[0].id", "integer"),
+    ("bad-transport", "target.ports.0.transport", "fc", "target.ports[0].transport", "tcp, rdma"),
+    ("bad-ipv4", "target.ports.0.address", "10.0.0.300", "target.ports[0].address", "IPv4"),
+    ("hostname-not-ip", "target.ports.0.address", "stor-01.lan", "target.ports[0].address",
+     "IPv6"),
+    ("service-too-big", "target.ports.0.service", 70000, "target.ports[0].service", "range"),
+    ("unknown-port-ref", f"{P}.ports", ["tcp9"], "target.pools[0].ports[0]", "unknown port"),
+    ("bad-backing-kind", f"{P}.backing.kind", "zfs", "target.pools[0].backing.kind",
+     "lvm, file, device"),
+    ("missing-vg", f"{P}.backing", {"kind": "lvm"}, "target.pools[0].backing.volume_group",
+     "required"),
+    ("bad-size", f"{P}.namespaces.size", "512 gigs", "target.pools[0].namespaces.size",
+     "not a size"),
+    ("tiny-size", f"{P}.namespaces.size", "1MiB", "target.pools[0].namespaces.size",
+     "too small"),
+    ("ns-count-zero", f"{P}.namespaces.count", 0, "target.pools[0].namespaces.count", "range"),
+    ("bad-host-nqn", f"{P}.hosts.0.nqn", "nqn.2014-08.org.nvmexpress:uuid:zzz",
+     "target.pools[0].hosts[0].nqn", "malformed uuid"),
+    ("nqn-with-slash", f"{P}.hosts.0.nqn", "nqn.2026-01.com.example:a/b",
+     "target.pools[0].hosts[0].nqn", "'/'"),
+    ("nqn-with-space", f"{P}.hosts.0.nqn", "nqn.2026-01.com.example:a b",
+     "target.pools[0].hosts[0].nqn", "whitespace"),
+    ("nqn-too-long", f"{P}.hosts.0.nqn", "nqn.2026-01.com.example:" + "x" * 200,
+     "target.pools[0].hosts[0].nqn", "223"),
+    ("nqn-bad-month", f"{P}.hosts.0.nqn", "nqn.2026-13.com.example:x",
+     "target.pools[0].hosts[0].nqn", "month"),
+    ("duplicate-host-name", f"{P}.hosts", [{"name": "gpu-01", "nqn": HOST_A},
+                                           {"name": "gpu-01", "nqn": HOST_B}],
+     "target.pools[0].hosts[1].name", "used twice"),
+    ("duplicate-host-nqn", f"{P}.hosts", [{"name": "gpu-01", "nqn": HOST_A},
+                                          {"name": "gpu-02", "nqn": HOST_A}],
+     "target.pools[0].hosts[1].nqn", "listed twice"),
+    ("allow-any-not-shared", f"{P}.allow_any_host", True, "target.pools[0].allow_any_host",
+     "shared: true"),
+    ("device-kind-namespaces", f"{P}.backing",
+     {"kind": "device", "devices": [{"path": "/dev/disk/by-id/nvme-eui.01", "host": "gpu-01"}]},
+     "target.pools[0].namespaces", "not used with kind: device"),
+    ("device-not-by-id", f"{P}.backing",
+     {"kind": "device", "devices": [{"path": "/dev/nvme0n1", "host": "gpu-01"}]},
+     "target.pools[0].backing.devices[0].path", "by-id"),
+    ("file-missing-namespaces", f"{P}.namespaces", _DELETE, "target.pools[0].namespaces",
+     "required"),
+    ("bool-as-string", f"{P}.shared", "yes", "target.pools[0].shared", "true or false"),
+    ("duplicate-port-id", "target.ports",
+     [{"name": "tcp0", "id": 1, "transport": "tcp", "address": "10.0.0.11"},
+      {"name": "tcp1", "id": 1, "transport": "tcp", "address": "10.0.0.12"}],
+     "target.ports[1].id", "used twice"),
+    ("duplicate-pool-name", "target.pools.1", None, "target.pools[1].name", "used twice"),
+    ("relative-mount", f"{INI}.mount", "kvcache", "initiator.pools[0].mount", "absolute"),
+    ("bad-layout", f"{INI}.layout", "raid5", "initiator.pools[0].layout", "per-namespace"),
+    ("bad-engine", f"{INI}.engines.0.kind", "tensorrt", "initiator.pools[0].engines[0].kind",
+     "lmcache"),
+    ("engine-capacity-over", f"{INI}.engines", [{"kind": "lmcache", "capacity": "60%"},
+                                              {"kind": "vllm", "capacity": "40%"}],
+     "initiator.pools[0].engines", "at most 90%"),
+    ("unquoted-mode", f"{INI}.engines.0.mode", 750, "initiator.pools[0].engines[0].mode",
+     "octal"),
+    ("bad-duration", f"{INI}.connect", {"reconnect_delay": "soon"},
+     "initiator.pools[0].connect.reconnect_delay", "not a duration"),
+    ("target-and-targets", f"{INI}.targets", [{"transport": "tcp", "address": "10.0.0.12"}],
+     "initiator.pools[0].target", "not both"),
+    ("bad-listen", "health.listen", "localhost", "health.listen", "host:port"),
+    ("section-not-mapping", "health", ["listen"], "health", "mapping"),
+]
+
+
+@pytest.mark.parametrize(("case", "path", "value", "field", "words"), BROKEN,
+                         ids=[b[0] for b in BROKEN])
+def test_broken_config_is_refused_with_field_path(tmp_path: Path, case: str, path: str,
+                                                  value: object, field: str,
+                                                  words: str) -> None:
+    data = base()
+    if case == "duplicate-pool-name":
+        data["target"]["pools"].append(dict(data["target"]["pools"][0]))
+    else:
+        _set(data, path, value)
+    file = tmp_path / "kvagent.yaml"
+    file.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = CliRunner().invoke(main, ["-c", str(file), "config", "validate"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [ln for ln in result.output.splitlines() if f": {field}: " in ln]
+    assert lines, f"no message names {field!r}:\n{result.output}"
+    assert any(words in ln for ln in lines), result.output
+    assert all(ln.startswith(f"kvagent: config error: {file}:") for ln in lines)
+    # The loader knows the line of every field it reports on here.
+    assert all(re.match(rf"kvagent: config error: {re.escape(str(file))}:\d+: ", ln)
+               for ln in lines), result.output
+
+
+def test_message_gives_the_line_of_the_field(tmp_path: Path) -> None:
+    text = yaml.safe_dump(base(), sort_keys=False).replace("transport: tcp\n",
+                                                           "transport: tcpx\n", 1)
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, "k.yaml")
+    (problem,) = err.value.problems
+    expected = 1 + text.splitlines().index(
+        next(ln for ln in text.splitlines() if "tcpx" in ln))
+    assert (problem.field, problem.line) == ("target.ports[0].transport", expected)
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    data = base()
+    data["node"]["name"] = "BAD"
+    data["health"]["listen"] = "nowhere"
+    with pytest.raises(ConfigError) as err:
+        parse_config(yaml.safe_dump(data))
+    assert {p.field for p in err.value.problems} == {"node.name", "health.listen"}
+
+
+@pytest.mark.parametrize("text", ["version: 1\nnode: {name: a}\nnode: {name: b}\n",
+                                  "version: 1\nnode: [unclosed\n", "", "- just\n- a list\n",
+                                  "node: {name: a}\n"])
+def test_malformed_files_exit_2_without_traceback(tmp_path: Path, text: str) -> None:
+    file = tmp_path / "k.yaml"
+    file.write_text(text)
+    result = CliRunner().invoke(main, ["config", "validate", str(file)])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output and "config error" in result.output
+
+
+def test_missing_file_exit_2(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["-c", str(tmp_path / "nope.yaml"), "config", "validate"])
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
+
+
+def test_config_env_variable_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    file = tmp_path / "env.yaml"
+    file.write_text("version: 1\nnode: {name: from-env}\n")
+    monkeypatch.setenv("KVAGENT_CONFIG", str(file))
+    assert load_config().node.name == "from-env"
+    result = CliRunner().invoke(main, ["-o", "json", "config", "validate"])
+    assert result.exit_code == 0 and '"node": "from-env"' in result.output
+
+
+def test_nqn_length_limit_checked_on_derived_subsystem_nqns() -> None:
+    data = base()
+    data["node"]["nqn_prefix"] = "nqn.2026-11.com." + "a" * 150
+    data["node"]["name"] = "n" * 32
+    data["target"]["pools"][0]["name"] = "p" * 32
+    data["target"]["pools"][0]["hosts"][0]["name"] = "h" * 10
+    with pytest.raises(ConfigError) as err:
+        parse_config(yaml.safe_dump(data))
+    assert err.value.problems[0].field == "target.pools[0].hosts[0].name"
+    assert "223" in err.value.problems[0].message
+
+
+def test_shared_pool_allows_any_host_and_device_entries_without_host() -> None:
+    data = base()
+    pool = data["target"]["pools"][0]
+    pool.update(shared=True, allow_any_host=True, hosts=[])
+    pool["backing"] = {"kind": "device", "devices": [{"path": "/dev/disk/by-id/wwn-0x5000c5"}]}
+    del pool["namespaces"]
+    cfg = parse_config(yaml.safe_dump(data))
+    assert cfg.target.pools[0].allow_any_host
+
+
+yaml_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=12) | st.floats(),
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    max_leaves=10,
+)
+
+
+@given(section=st.sampled_from(["node", "target", "initiator", "health"]), value=yaml_values)
+def test_random_sections_never_crash(section: str, value: object) -> None:
+    """Any YAML value in any section yields a config or a ConfigError, nothing else."""
+    text = yaml.safe_dump({"version": 1, section: value})
+    try:
+        parse_config(text)
+    except ConfigError as exc:
+        assert exc.problems and all(p.field for p in exc.problems)

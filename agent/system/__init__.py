@@ -1,0 +1,1 @@
+"""Seams to the outside world: running commands (argv only, always with a timeout)."""

@@ -39,3 +39,16 @@ def rxe():
     link = kit.Rxe().up()
     yield link
     link.down()
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers():
+    """Every kernel test must leave the guest kernel as it found it (they share one VM)."""
+    before = kit.leftovers()
+    if before:
+        kit.force_clean()
+    yield
+    after = kit.leftovers()
+    if after:
+        kit.force_clean()
+        pytest.fail("test left these behind (cleaned up now): " + "; ".join(after))

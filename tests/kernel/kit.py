@@ -176,3 +176,59 @@ class Rxe:
     def down(self) -> None:
         sh("rdma", "link", "delete", self.name, check=False)
         sh("ip", "link", "del", self.veth, check=False)
+
+
+def leftovers() -> list[str]:
+    """What a test left behind in the guest kernel: nvmet objects, controllers, mounts, DM."""
+    found = []
+    if NVMET.exists():
+        for kind in ("subsystems", "ports", "hosts"):
+            found += [f"nvmet {kind}/{p.name}" for p in (NVMET / kind).iterdir()]
+    for c in Path("/sys/class/nvme").glob("nvme*"):
+        try:
+            if read(c / "transport") in ("tcp", "rdma", "loop"):
+                found.append(f"fabrics controller {c.name} ({read(c / 'subsysnqn')})")
+        except OSError:
+            continue
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        dev, mnt = line.split()[:2]
+        if dev.startswith(("/dev/nvme", "/dev/mapper", "/dev/nullb", "/dev/dm-")):
+            found.append(f"mount {dev} on {mnt}")
+    mapper = Path("/dev/mapper")
+    if mapper.exists():
+        found += [f"device-mapper {p.name}" for p in mapper.iterdir() if p.name != "control"]
+    if NULLB.exists():
+        found += [f"null_blk {p.name}" for p in NULLB.iterdir()]
+    return found
+
+
+def force_clean() -> None:
+    """Best-effort teardown of everything :func:`leftovers` reports (test VM only)."""
+    for line in reversed(Path("/proc/self/mounts").read_text().splitlines()):
+        dev, mnt = line.split()[:2]
+        if dev.startswith(("/dev/nvme", "/dev/mapper", "/dev/nullb", "/dev/dm-")):
+            sh("umount", mnt, check=False)
+    sh("nvme", "disconnect-all", check=False)
+    sh("vgchange", "-an", check=False, timeout=120)
+    if NVMET.exists():
+        for port in (NVMET / "ports").iterdir():
+            for link in (port / "subsystems").iterdir():
+                link.unlink()
+            for ref in (port / "referrals").iterdir():
+                ref.rmdir()
+            for grp in (port / "ana_groups").iterdir():
+                if grp.name != "1":
+                    grp.rmdir()
+            port.rmdir()
+        for sub in (NVMET / "subsystems").iterdir():
+            for link in (sub / "allowed_hosts").iterdir():
+                link.unlink()
+            for ns in (sub / "namespaces").iterdir():
+                write(ns / "enable", "0")
+                ns.rmdir()
+            sub.rmdir()
+        for host in (NVMET / "hosts").iterdir():
+            host.rmdir()
+    if NULLB.exists():
+        for dev in NULLB.iterdir():
+            remove_nullb(dev.name)

@@ -198,7 +198,7 @@ def leftovers() -> list[str]:
     if mapper.exists():
         found += [f"device-mapper {p.name}" for p in mapper.iterdir() if p.name != "control"]
     if NULLB.exists():
-        found += [f"null_blk {p.name}" for p in NULLB.iterdir()]
+        found += [f"null_blk {p.name}" for p in NULLB.iterdir() if p.is_dir()]
     return found
 
 
@@ -231,4 +231,5 @@ def force_clean() -> None:
             host.rmdir()
     if NULLB.exists():
         for dev in NULLB.iterdir():
-            remove_nullb(dev.name)
+            if dev.is_dir():
+                remove_nullb(dev.name)

@@ -77,7 +77,7 @@ class PortConfig:
     """An nvmet port: one transport address the target listens on."""
 
     name: Name = doc_field("Name that pools use to refer to this port.")
-    id: int = doc_field("nvmet port id (the configfs directory name), 1-65535.",
+    id: int = doc_field("nvmet port id (the configfs directory name).",
                         minimum=1, maximum=65535)
     transport: Transport = doc_field("'tcp' (NVMe/TCP) or 'rdma' (NVMe/RDMA, RoCE).")
     address: IPAddress = doc_field("Local IPv4 or IPv6 address to listen on.")

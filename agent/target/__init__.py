@@ -1,0 +1,1 @@
+"""The storage-host role: backings, pools and their nvmet export."""

@@ -1,0 +1,99 @@
+"""Mounting pool filesystems, and unmounting them without ever hiding data loss."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import KvagentError
+from ..log import get_logger
+from ..system.run import CommandError, Runner
+
+log = get_logger("mounts")
+
+
+class MountBusy(KvagentError):
+    """A mount is in use; kvagent does not lazy-unmount (that would hide data loss)."""
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    """One line of /proc/self/mountinfo, the parts kvagent needs."""
+
+    mount_point: str
+    device: str  # major:minor
+    fstype: str
+    source: str
+    options: str
+
+
+def _unescape(text: str) -> str:
+    return (text.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
+            .replace("\\134", "\\"))
+
+
+def read_mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[MountEntry]:
+    """Parse mountinfo (fields after ' - ' are fstype, source, super options)."""
+    entries = []
+    for line in mountinfo.read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 6 or len(tail) < 2:
+            continue
+        entries.append(MountEntry(_unescape(fields[4]), fields[2], tail[0], _unescape(tail[1]),
+                                  fields[5]))
+    return entries
+
+
+def mounted_at(path: str, mountinfo: Path = Path("/proc/self/mountinfo")) -> MountEntry | None:
+    """The mount whose mount point is exactly ``path`` (the last one wins, as the kernel shows)."""
+    found = None
+    for entry in read_mounts(mountinfo):
+        if entry.mount_point == os.path.normpath(path):
+            found = entry
+    return found
+
+
+def device_number(device: str) -> str:
+    """``major:minor`` of a block device node."""
+    rdev = os.stat(device).st_rdev
+    return f"{os.major(rdev)}:{os.minor(rdev)}"
+
+
+def ensure_mounted(device: str, path: str, options: tuple[str, ...], runner: Runner,
+                   mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
+    """Mount ``device`` (xfs) on ``path``; True if mounted now, False if it already was.
+
+    A different device already mounted there is an error, never stacked over.
+    """
+    current = mounted_at(path, mountinfo)
+    if current is not None:
+        if current.device == device_number(device):
+            return False
+        raise KvagentError(f"{path} already has {current.source} ({current.fstype}) mounted",
+                           "unmount it or choose another mount path for the pool")
+    Path(path).mkdir(parents=True, exist_ok=True)
+    argv = ["mount", "-t", "xfs"]
+    if options:
+        argv += ["-o", ",".join(options)]
+    runner([*argv, device, path], timeout=120)
+    log.info("mounted", device=device, path=path)
+    return True
+
+
+def unmount(path: str, runner: Runner, mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
+    """Unmount ``path`` if mounted; busy → :class:`MountBusy`. True if it was unmounted now."""
+    if mounted_at(path, mountinfo) is None:
+        return False
+    try:
+        runner(["umount", path], timeout=120)
+    except CommandError as exc:
+        text = (exc.result.stderr + exc.result.stdout).lower()
+        if "busy" in text:
+            raise MountBusy(f"{path} is busy: processes still use it",
+                            f"stop the engine using it (`fuser -vm {path}` lists them), then "
+                            "apply again; kvagent never lazy-unmounts") from None
+        raise
+    log.info("unmounted", path=path)
+    return True

@@ -1,0 +1,105 @@
+"""Striped layout: one LVM striped volume across a pool's namespaces (aggregate bandwidth).
+
+The volume group ``kvs_<pool>`` carries the tags ``kvagent``,
+``kvagent_pool=<pool>`` and ``kvagent_role=initiator``; a namespace device
+that is an LVM PV is accepted only when it belongs to that group. kvagent
+never removes the group on detach (it only deactivates it).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..errors import KvagentError
+from ..log import get_logger
+from ..naming import LVM_OWNER_TAG
+from ..system.run import Runner
+from .filesystem import ForeignFilesystem, probe_content
+
+log = get_logger("striped")
+LVM_TIMEOUT = 120.0
+STRIPE_SIZE = "1m"
+LV_NAME = "data"
+
+
+def vg_name(pool: str) -> str:
+    return f"kvs_{pool}"
+
+
+def vg_tags(pool: str) -> tuple[str, ...]:
+    return (LVM_OWNER_TAG, f"kvagent_pool={pool}", "kvagent_role=initiator")
+
+
+def volume_path(pool: str) -> str:
+    return f"/dev/{vg_name(pool)}/{LV_NAME}"
+
+
+@dataclass(frozen=True)
+class PhysicalVolume:
+    """A PV as ``pvs`` reports it."""
+
+    device: str
+    vg: str
+    vg_tags: frozenset[str]
+
+
+def list_pvs(runner: Runner, devices: list[str]) -> dict[str, PhysicalVolume]:
+    """PV facts for the given devices (those that are PVs)."""
+    result = runner(["pvs", "--reportformat", "json", "-o", "pv_name,vg_name,vg_tags",
+                     *devices], timeout=LVM_TIMEOUT, check=False)
+    if result.returncode not in (0, 5):  # 5: some devices are not PVs
+        raise KvagentError(f"pvs failed: {result.stderr.strip()}")
+    try:
+        rows = [r for rep in json.loads(result.stdout or '{"report": []}')["report"]
+                for r in rep.get("pv", [])]
+    except (json.JSONDecodeError, KeyError) as exc:
+        raise KvagentError(f"cannot parse pvs output: {exc}") from None
+    return {r["pv_name"]: PhysicalVolume(r["pv_name"], r["vg_name"],
+                                         frozenset(t for t in r["vg_tags"].split(",") if t))
+            for r in rows}
+
+
+def ensure_striped_volume(pool: str, devices: list[str], runner: Runner) -> tuple[str, bool]:
+    """Create or activate the pool's striped LV; returns (device path, created now).
+
+    Each device must be blank or already a PV of this pool's tagged VG.
+    """
+    vg = vg_name(pool)
+    pvs = list_pvs(runner, devices)
+    blank, ours = [], []
+    for dev in devices:
+        pv = pvs.get(dev)
+        if pv is not None:
+            if pv.vg != vg or not set(vg_tags(pool)) <= pv.vg_tags:
+                raise ForeignFilesystem(
+                    f"refusing {dev}: it is an LVM physical volume of {pv.vg or 'no group'!r}, "
+                    f"not of kvagent's {vg}", "kvagent never reuses LVM it did not create")
+            ours.append(dev)
+            continue
+        content = probe_content(dev, runner)
+        if not content.blank:
+            what = content.type or "a partition table"
+            raise ForeignFilesystem(f"refusing {dev}: it holds {what}, which this host did "
+                                    "not write")
+        blank.append(dev)
+    if ours and blank:
+        raise KvagentError(
+            f"pool {pool}: the striped volume spans {len(ours)} namespaces and {len(blank)} "
+            "new ones appeared; a striped volume cannot grow in place",
+            "detach the pool, remove the volume group and attach again (the cache is rebuilt)")
+    if blank:
+        tags = [a for t in vg_tags(pool) for a in ("--addtag", t)]
+        runner(["vgcreate", "-y", *tags, vg, *blank], timeout=LVM_TIMEOUT)
+        runner(["lvcreate", "-y", "-Wy", "-Zy", "-i", str(len(blank)), "-I", STRIPE_SIZE,
+                "-l", "100%FREE", "-n", LV_NAME, "--addtag", LVM_OWNER_TAG, vg],
+               timeout=LVM_TIMEOUT)
+        log.info("made striped volume", pool=pool, stripes=len(blank))
+        return volume_path(pool), True
+    runner(["vgchange", "-ay", vg], timeout=LVM_TIMEOUT)
+    return volume_path(pool), False
+
+
+def deactivate(pool: str, runner: Runner) -> None:
+    """Deactivate the pool's volume group (before disconnecting); data stays."""
+    runner(["vgchange", "-an", vg_name(pool)], timeout=LVM_TIMEOUT, check=False)

@@ -30,14 +30,32 @@ def configure_logging(verbosity: int = 0, stream: IO[str] | None = None,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=out),
+        # Without an explicit stream, look sys.stderr up at each call: it may be replaced
+        # (and the old one closed) after configuration, e.g. by click's CliRunner.
+        logger_factory=(structlog.PrintLoggerFactory(file=stream) if stream is not None
+                        else lambda *_: structlog.PrintLogger(file=sys.stderr)),
         cache_logger_on_first_use=False,
     )
 
 
+class _LazyLogger:
+    """Assembles a structlog logger at each call, with the configuration current then.
+
+    structlog's ``get_logger().bind()`` freezes the configuration of that moment;
+    loggers made at import time would keep structlog's default (stdout, every level)
+    and ignore :func:`configure_logging`.
+    """
+
+    def __init__(self, values: dict[str, Any]):
+        self._values = values
+
+    def bind(self, **values: Any) -> _LazyLogger:
+        return _LazyLogger({**self._values, **values})
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(structlog.get_logger().bind(**self._values), attr)
+
+
 def get_logger(name: str | None = None, **context: Any) -> Any:
     """A bound structlog logger (``name`` becomes the ``logger`` field)."""
-    log = structlog.get_logger()
-    if name:
-        log = log.bind(logger=name)
-    return log.bind(**context) if context else log
+    return _LazyLogger({"logger": name, **context} if name else dict(context))

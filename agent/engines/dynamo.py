@@ -1,0 +1,68 @@
+"""NVIDIA Dynamo KVBM: an environment file for its disk tier (G3).
+
+Checked against ai-dynamo/dynamo lib/llm/src/block_manager/storage/disk.rs,
+lib/bindings/kvbm/src/block_manager/distributed/leader.rs and the KVBM guide;
+see KEYS.md:
+- ``DYN_KVBM_DISK_CACHE_DIR``: where KVBM creates its cache file (default /tmp/).
+- ``DYN_KVBM_DISK_CACHE_GB``: decimal GB (KVBM multiplies by 1_000_000_000),
+  for the whole instance (the leader sums bytes per block over its workers).
+  Older KVBM parsed it as an integer, so kvagent writes a whole number.
+- ``DYN_KVBM_DISK_DISABLE_O_DIRECT`` / ``DYN_KVBM_DISK_ZEROFILL_FALLBACK``: KVBM
+  only checks that they are *set* (any value, even "false", switches them on),
+  so kvagent writes them only when a probe failed.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from .base import (
+    GB,
+    EngineContext,
+    Rendered,
+    dump_env,
+    fallocate_failure,
+    indexed_names,
+    odirect_failure,
+    probe_notes,
+)
+
+CONFIG_BASE = "dynamo-kvbm"
+
+
+def render(ctx: EngineContext) -> Rendered:
+    """One env file per directory (one Dynamo worker each)."""
+    ctx.check()
+    notes = probe_notes(ctx)
+    per_dir = ctx.per_directory_bytes()
+    gb = per_dir // GB
+    names = indexed_names(CONFIG_BASE, ".env", len(ctx.directories))
+    files: dict[str, str] = {}
+    for name, directory in zip(names, ctx.directories, strict=True):
+        env = {"DYN_KVBM_DISK_CACHE_DIR": directory, "DYN_KVBM_DISK_CACHE_GB": str(gb)}
+        probe = ctx.probe_for(directory)
+        if probe is not None and not probe.odirect_ok:
+            env["DYN_KVBM_DISK_DISABLE_O_DIRECT"] = "true"
+            notes.append(f"fallback in {name}: DYN_KVBM_DISK_DISABLE_O_DIRECT because "
+                         f"{odirect_failure(probe)}")
+        if probe is not None and not probe.fallocate_ok:
+            failure = probe.fallocate.failure
+            if failure is not None and failure.errno == errno.EOPNOTSUPP:
+                env["DYN_KVBM_DISK_ZEROFILL_FALLBACK"] = "true"
+                notes.append(f"fallback in {name}: DYN_KVBM_DISK_ZEROFILL_FALLBACK because "
+                             f"{fallocate_failure(probe)}")
+            else:
+                notes.append(
+                    f"{fallocate_failure(probe)}: KVBM zero-fills only when fallocate reports "
+                    "EOPNOTSUPP, so no setting helps here; its preallocated cache file may be "
+                    "sparse and hit ENOSPC later")
+        files[name] = dump_env(ctx, env)
+    notes.append(f"DYN_KVBM_DISK_CACHE_GB={gb} is decimal GB (10^9 bytes), rounded down from "
+                 f"{per_dir} bytes per directory; KVBM preallocates all of it at start")
+    if gb == 0:
+        notes.append("the per-directory share is below 1 GB: KVBM's disk tier would be off")
+    notes.append("DYN_KVBM_CPU_CACHE_GB (host RAM) is not rendered: older KVBM requires it; "
+                 "with only the disk tier set, recent KVBM offloads GPU to disk directly")
+    notes.append("KVBM unlinks its cache file after registering it: du shows nothing; "
+                 "statvfs (free space) does")
+    return Rendered(dict(sorted(files.items())), "env", tuple(notes))

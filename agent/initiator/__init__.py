@@ -1,0 +1,1 @@
+"""GPU-host role: discover, connect, find, attach, probe and detach pools."""

@@ -1,0 +1,190 @@
+"""Engine directories (mode, owner, idempotency, refusals), capacity caps and usage."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.config.model import EngineConfig
+from agent.config.types import AccountName, FileMode, Percent
+from agent.engines.dirs import engine_capacities, prepare, usage
+from agent.errors import KvagentError, UsageError
+
+
+def engine(kind: str = "lmcache", capacity: float | None = None, mode: int = 0o750,
+           owner: str | None = None, group: str | None = None) -> EngineConfig:
+    return EngineConfig(
+        kind=kind,  # type: ignore[arg-type]
+        owner=AccountName(owner if owner is not None else str(os.getuid())),
+        group=AccountName(group if group is not None else str(os.getgid())),
+        mode=FileMode(mode),
+        capacity=Percent(capacity) if capacity is not None else None,
+    )
+
+
+def mounts(tmp_path, n: int = 2) -> list[str]:
+    out = []
+    for i in range(n):
+        d = tmp_path / f"ns{i}"
+        d.mkdir()
+        out.append(str(d))
+    return out
+
+
+# ------------------------------------------------------------------ directories
+
+def test_prepare_creates_with_mode_and_owner(tmp_path) -> None:
+    ms = mounts(tmp_path)
+    result = prepare(ms, engine(mode=0o750), require_mount=False)
+    assert [r.path for r in result] == [os.path.join(m, "lmcache") for m in ms]
+    for r in result:
+        st_ = os.stat(r.path)
+        assert stat.S_ISDIR(st_.st_mode)
+        assert stat.S_IMODE(st_.st_mode) == 0o750
+        assert (st_.st_uid, st_.st_gid) == (os.getuid(), os.getgid())
+        assert r.changes == ("created",) and r.changed
+
+
+def test_prepare_twice_changes_nothing(tmp_path) -> None:
+    ms = mounts(tmp_path)
+    prepare(ms, engine(), require_mount=False)
+    again = prepare(ms, engine(), require_mount=False)
+    assert [r.changed for r in again] == [False, False]
+
+
+def test_prepare_fixes_mode_drift_and_says_so(tmp_path) -> None:
+    ms = mounts(tmp_path, 1)
+    (first,) = prepare(ms, engine(mode=0o750), require_mount=False)
+    os.chmod(first.path, 0o777)
+    (fixed,) = prepare(ms, engine(mode=0o750), require_mount=False)
+    assert fixed.changes == ("mode 0777 -> 0750",)
+    assert stat.S_IMODE(os.stat(first.path).st_mode) == 0o750
+
+
+def test_prepare_resolves_owner_by_name(tmp_path) -> None:
+    name = pwd.getpwuid(os.getuid()).pw_name
+    (r,) = prepare(mounts(tmp_path, 1), engine(owner=name), require_mount=False)
+    assert r.uid == os.getuid() == os.stat(r.path).st_uid
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a directory's owner needs root")
+def test_prepare_fixes_owner_drift(tmp_path) -> None:
+    ms = mounts(tmp_path, 1)
+    (r,) = prepare(ms, engine(), require_mount=False)
+    os.chown(r.path, 65534, 65534)
+    (fixed,) = prepare(ms, engine(), require_mount=False)
+    assert fixed.changes == (f"owner 65534:65534 -> {os.getuid()}:{os.getgid()}",)
+    assert (os.stat(r.path).st_uid, os.stat(r.path).st_gid) == (os.getuid(), os.getgid())
+
+
+def test_prepare_refuses_a_symlink_and_leaves_it(tmp_path) -> None:
+    (m,) = mounts(tmp_path, 1)
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    os.symlink(target, os.path.join(m, "lmcache"))
+    with pytest.raises(KvagentError, match="is a symlink"):
+        prepare([m], engine(), require_mount=False)
+    assert os.path.islink(os.path.join(m, "lmcache"))
+
+
+def test_prepare_refuses_a_file(tmp_path) -> None:
+    (m,) = mounts(tmp_path, 1)
+    with open(os.path.join(m, "vllm"), "w") as f:
+        f.write("data")
+    with pytest.raises(KvagentError, match="not a directory"):
+        prepare([m], engine("vllm"), require_mount=False)
+    with open(os.path.join(m, "vllm")) as f:
+        assert f.read() == "data"
+
+
+def test_prepare_needs_a_mount_point_by_default(tmp_path) -> None:
+    ms = mounts(tmp_path, 1)
+    with pytest.raises(KvagentError, match="not a mount point"):
+        prepare(ms, engine())
+    assert os.listdir(ms[0]) == []
+
+
+def test_prepare_needs_the_mount_directory(tmp_path) -> None:
+    with pytest.raises(KvagentError, match="does not exist"):
+        prepare([str(tmp_path / "missing")], engine(), require_mount=False)
+
+
+def test_unknown_owner_is_a_usage_error(tmp_path) -> None:
+    ms = mounts(tmp_path, 1)
+    with pytest.raises(UsageError, match="no such user"):
+        prepare(ms, engine(owner="no-such-user-kvagent"), require_mount=False)
+    with pytest.raises(UsageError, match="no such group"):
+        prepare(ms, engine(group="no-such-group-kvagent"), require_mount=False)
+    assert os.listdir(ms[0]) == []
+
+
+# ------------------------------------------------------------------ capacities
+
+def test_default_is_ninety_percent_split_evenly() -> None:
+    caps = engine_capacities(1000, [engine("lmcache"), engine("vllm")])
+    assert caps == {"lmcache": 450, "vllm": 450}
+
+
+def test_explicit_share_and_the_rest_split() -> None:
+    caps = engine_capacities(10**12, [engine("lmcache", 50), engine("vllm"), engine("dynamo")])
+    assert caps == {"lmcache": 500 * 10**9, "vllm": 200 * 10**9, "dynamo": 200 * 10**9}
+
+
+def test_explicit_shares_only() -> None:
+    caps = engine_capacities(10**12, [engine("sglang", 30), engine("mooncake", 60)])
+    assert caps == {"sglang": 300 * 10**9, "mooncake": 600 * 10**9}
+
+
+def test_rounding_goes_down() -> None:
+    # 90% of 1001 is 900.9: 900 bytes for three engines, 300 each.
+    assert engine_capacities(1001, [engine("lmcache"), engine("vllm"), engine("dynamo")]) == {
+        "lmcache": 300, "vllm": 300, "dynamo": 300}
+    # 33.3% of 1000 is 333.
+    assert engine_capacities(1000, [engine("lmcache", 33.3)]) == {"lmcache": 333}
+
+
+def test_nothing_left_for_engines_without_a_share() -> None:
+    with pytest.raises(UsageError, match="vllm have no capacity left"):
+        engine_capacities(10**12, [engine("lmcache", 90), engine("vllm")])
+
+
+def test_more_than_ninety_percent_is_refused() -> None:
+    with pytest.raises(UsageError, match="at most 90%"):
+        engine_capacities(10**12, [engine("lmcache", 50), engine("vllm", 45)])
+
+
+@given(pool=st.integers(min_value=10**6, max_value=10**16),
+       shares=st.lists(st.one_of(st.none(), st.integers(min_value=1, max_value=30)),
+                       min_size=1, max_size=3))
+def test_total_never_exceeds_ninety_percent(pool: int, shares: list[int | None]) -> None:
+    kinds = ["lmcache", "vllm", "dynamo"]
+    engines = [engine(kinds[i], s) for i, s in enumerate(shares)]
+    caps = engine_capacities(pool, engines)
+    assert sum(caps.values()) * 100 <= pool * 90
+    assert list(caps) == kinds[: len(shares)]
+
+
+# ------------------------------------------------------------------ usage
+
+def test_usage_counts_allocated_bytes_not_apparent_size(tmp_path) -> None:
+    root = tmp_path / "engine"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "data.bin").write_bytes(os.urandom(1 << 20))
+    with open(root / "sparse.bin", "wb") as f:
+        f.truncate(100 << 20)  # 100 MiB apparent, nothing allocated
+    used = usage(str(root))
+    assert (1 << 20) <= used < (2 << 20)
+
+
+def test_usage_does_not_follow_symlinks(tmp_path) -> None:
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(os.urandom(4 << 20))
+    root = tmp_path / "engine"
+    root.mkdir()
+    os.symlink(outside, root / "link")
+    assert usage(str(root)) < (1 << 20)

@@ -1,0 +1,272 @@
+"""What the agent's loop knows about this host's health, as frozen values.
+
+The loop (``kvagent run``) builds a :class:`Snapshot` after every pass and puts
+it in a :class:`~agent.health.server.SnapshotStore`; ``/metrics``, ``/healthz``,
+``/readyz``, the node_exporter textfile and ``kvagent status`` only ever read a
+snapshot, so a scrape never runs a command.
+
+Overall health: a pool is ``ok``, ``degraded`` or ``failed``; the host is
+healthy when every pool is ``ok``, every drive is without problems, the last
+apply succeeded and no config reload was refused (see :func:`overall_state`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+PoolRole = Literal["target", "initiator"]
+PoolState = Literal["ok", "degraded", "failed"]
+ProbeValue = bool | int | float | str
+
+#: Controller states the kernel shows in /sys/class/nvme/*/state.
+CONTROLLER_STATES = ("new", "live", "resetting", "connecting", "deleting",
+                     "deleting (no IO)", "dead")
+#: ANA states the kernel shows in /sys/block/nvme*c*n*/ana_state.
+ANA_STATES = ("optimized", "non-optimized", "inaccessible", "persistent-loss", "change")
+POOL_STATES: tuple[PoolState, ...] = ("ok", "degraded", "failed")
+_SEVERITY = {"ok": 0, "degraded": 1, "failed": 2}
+
+
+@dataclass(frozen=True)
+class EngineUsage:
+    """How much of its cap an inference engine has filled on a pool's mount."""
+
+    kind: str
+    used_bytes: int
+    cap_bytes: int
+    directory: str | None = None
+
+    @property
+    def over_cap(self) -> bool:
+        return self.used_bytes > self.cap_bytes
+
+
+@dataclass(frozen=True)
+class TargetSide:
+    """A storage-host pool as the nvmet configfs tree shows it."""
+
+    subsystems_expected: int
+    subsystems_present: int
+    namespaces_expected: int
+    namespaces_present: int
+    namespaces_enabled: int
+    ports_expected: int
+    ports_linked: int
+    #: Hosts connected, from the target's view. ``None`` where the kernel does not
+    #: show it: nvmet on 6.1 lists no connected hosts in configfs.
+    hosts_connected: int | None = None
+
+
+@dataclass(frozen=True)
+class InitiatorSide:
+    """A GPU-host pool: its controllers, devices, mount and engines.
+
+    The controllers themselves (state, paths, ANA) are in
+    :attr:`Snapshot.controllers`, each naming its pool.
+    """
+
+    controllers_expected: int
+    controllers_live: int
+    namespaces_expected: int
+    namespaces_found: int
+    mount_path: str | None = None
+    mounted: bool = False
+    size_bytes: int | None = None
+    free_bytes: int | None = None
+    engines: tuple[EngineUsage, ...] = ()
+
+
+@dataclass(frozen=True)
+class PoolHealth:
+    """One pool on one role: its state, readiness and what is wrong with it."""
+
+    role: PoolRole
+    name: str
+    state: PoolState
+    ready: bool
+    problems: tuple[str, ...] = ()
+    target: TargetSide | None = None
+    initiator: InitiatorSide | None = None
+    #: Results of the last probe (e.g. ``{"odirect": True, "read_mib_s": 812.5}``);
+    #: booleans are exported as metrics, everything is shown by ``kvagent status``.
+    probe: Mapping[str, ProbeValue] | None = None
+
+    def __post_init__(self) -> None:
+        if self.state not in POOL_STATES:
+            raise ValueError(f"pool {self.name!r}: state {self.state!r} is not one of "
+                             f"{', '.join(POOL_STATES)}")
+        if self.role not in ("target", "initiator"):
+            raise ValueError(f"pool {self.name!r}: role {self.role!r} is not target or initiator")
+
+
+@dataclass(frozen=True)
+class PathAna:
+    """The ANA state of one namespace through one controller (a multipath path)."""
+
+    path: str  # hidden per-path block device, e.g. nvme0c1n1
+    state: str  # one of ANA_STATES, or what the kernel wrote
+    nsid: int | None = None
+
+
+@dataclass(frozen=True)
+class ControllerHealth:
+    """A fabrics controller on the GPU host (one connection to one target port)."""
+
+    name: str  # nvme3
+    pool: str
+    subsysnqn: str
+    transport: str
+    traddr: str
+    trsvcid: str
+    state: str  # one of CONTROLLER_STATES, or what the kernel wrote
+    paths: tuple[PathAna, ...] = ()
+
+
+@dataclass(frozen=True)
+class DriveHealth:
+    """A local (PCIe) NVMe drive's SMART / health log, normalised across nvme-cli versions.
+
+    ``error`` is set (and the numbers are ``None``) when the log could not be read:
+    an unreadable drive is never reported healthy.
+    """
+
+    device: str  # /dev/nvme0
+    model: str | None = None
+    serial: str | None = None
+    firmware: str | None = None
+    critical_warning: int | None = None
+    temperature_celsius: float | None = None
+    percent_used: int | None = None  # may exceed 100 (NVMe allows up to 255)
+    available_spare: int | None = None  # percent
+    available_spare_threshold: int | None = None  # percent
+    media_errors: int | None = None
+    error_log_entries: int | None = None
+    power_on_hours: int | None = None
+    unsafe_shutdowns: int | None = None
+    error: str | None = None
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """The critical-warning bits that are set, by name (NVMe base spec, SMART log)."""
+        bits = self.critical_warning or 0
+        return tuple(name for bit, name in CRITICAL_WARNING_BITS if bits & bit)
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """What an operator should look at; empty when the drive is healthy."""
+        if self.error is not None:
+            return (f"smart-log unreadable: {self.error}",)
+        found = [f"critical warning: {w}" for w in self.warnings]
+        known = sum(bit for bit, _ in CRITICAL_WARNING_BITS)
+        if self.critical_warning and self.critical_warning & ~known:
+            found.append(f"critical warning bits 0x{self.critical_warning & ~known:02x}")
+        if self.percent_used is not None and self.percent_used >= 100:
+            found.append(f"rated endurance used up ({self.percent_used}% used)")
+        return tuple(found)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+
+#: Critical Warning bits of the SMART / Health Information log (NVMe base spec).
+CRITICAL_WARNING_BITS = (
+    (0x01, "available spare below threshold"),
+    (0x02, "temperature out of range"),
+    (0x04, "reliability degraded"),
+    (0x08, "media read-only"),
+    (0x10, "volatile memory backup failed"),
+    (0x20, "persistent memory region read-only"),
+)
+
+
+@dataclass(frozen=True)
+class ApplySummary:
+    """The outcome of the last reconcile pass."""
+
+    finished_at: float  # wall clock, seconds since the epoch
+    ok: bool
+    changed: int = 0  # actions that changed something
+    failed: int = 0  # actions that failed
+    duration_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class LoopCounters:
+    """Monotonic counts the loop keeps since the process started."""
+
+    apply_runs: int = 0
+    apply_failures: int = 0
+    config_reloads: int = 0
+    config_reload_failures: int = 0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the health endpoints show, taken at one loop tick."""
+
+    taken_at: float  # wall clock (time.time()) of the tick
+    tick_at: float  # time.monotonic() of the tick: /healthz compares against it
+    node: str
+    pools: tuple[PoolHealth, ...] = ()
+    controllers: tuple[ControllerHealth, ...] = ()
+    drives: tuple[DriveHealth, ...] = ()
+    last_apply: ApplySummary | None = None
+    #: Set when a SIGHUP reload was refused: the old config keeps running.
+    config_error: str | None = None
+    counters: LoopCounters = field(default_factory=LoopCounters)
+
+    def ticked(self, *, taken_at: float, tick_at: float) -> Snapshot:
+        """The same snapshot re-stamped by a loop tick that collected nothing new."""
+        return dataclasses.replace(self, taken_at=taken_at, tick_at=tick_at)
+
+    def controllers_of(self, pool: str) -> tuple[ControllerHealth, ...]:
+        return tuple(c for c in self.controllers if c.pool == pool)
+
+    @property
+    def pools_not_ready(self) -> tuple[PoolHealth, ...]:
+        return tuple(p for p in self.pools if not p.ready)
+
+
+def overall_state(snapshot: Snapshot) -> PoolState:
+    """``ok``, ``degraded`` or ``failed`` for the whole host.
+
+    The worst pool state wins; a drive with problems, a failed last apply or a
+    refused config reload make an otherwise ``ok`` host ``degraded``.
+    """
+    worst = max((_SEVERITY[p.state] for p in snapshot.pools), default=0)
+    if worst == 0 and (
+        any(not d.healthy for d in snapshot.drives)
+        or (snapshot.last_apply is not None and not snapshot.last_apply.ok)
+        or snapshot.config_error is not None
+    ):
+        worst = 1
+    return POOL_STATES[worst]
+
+
+def host_problems(snapshot: Snapshot) -> tuple[str, ...]:
+    """Every problem on the host, one line each, prefixed with what it concerns."""
+    lines: list[str] = []
+    if snapshot.config_error is not None:
+        lines.append(f"config: reload refused, old config still running: "
+                     f"{snapshot.config_error}")
+    if snapshot.last_apply is not None and not snapshot.last_apply.ok:
+        lines.append(f"apply: last pass failed ({snapshot.last_apply.failed} action(s) failed)")
+    for pool in snapshot.pools:
+        lines.extend(f"{pool.role} pool {pool.name}: {p}" for p in pool.problems)
+        if pool.state != "ok" and not pool.problems:
+            lines.append(f"{pool.role} pool {pool.name}: {pool.state}")
+    for drive in snapshot.drives:
+        lines.extend(f"drive {drive.device}: {p}" for p in drive.problems)
+    return tuple(lines)
+
+
+def exit_code(snapshot: Snapshot) -> int:
+    """0 when the host is healthy, 1 when anything is degraded or failed.
+
+    (Exit 2, bad config, comes from the CLI's config loading, not from a snapshot.)
+    """
+    return 0 if overall_state(snapshot) == "ok" else 1

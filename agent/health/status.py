@@ -1,0 +1,193 @@
+"""``kvagent status``: a snapshot as JSON (schema: agent/schemas/status.schema.json) or a table."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from importlib import resources
+from typing import Any
+
+from .. import __version__
+from ..cli.output import table
+from .snapshot import (
+    ControllerHealth,
+    DriveHealth,
+    PoolHealth,
+    Snapshot,
+    exit_code,
+    host_problems,
+    overall_state,
+)
+
+STATUS_FORMAT = 1
+SCHEMA_RESOURCE = "status.schema.json"
+
+
+def load_status_schema() -> dict[str, Any]:
+    """The JSON Schema of :func:`to_status_json`'s output (shipped as package data)."""
+    text = (resources.files("agent") / "schemas" / SCHEMA_RESOURCE).read_text("utf-8")
+    return json.loads(text)
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _controller_json(c: ControllerHealth) -> dict[str, Any]:
+    return {
+        "name": c.name, "pool": c.pool, "subsysnqn": c.subsysnqn, "transport": c.transport,
+        "traddr": c.traddr, "trsvcid": c.trsvcid, "state": c.state,
+        "paths": [{"path": p.path, "nsid": p.nsid, "ana_state": p.state} for p in c.paths],
+    }
+
+
+def _pool_json(pool: PoolHealth, snapshot: Snapshot) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "role": pool.role, "name": pool.name, "state": pool.state, "ready": pool.ready,
+        "problems": list(pool.problems), "target": None, "initiator": None,
+        "probe": dict(pool.probe) if pool.probe is not None else None,
+    }
+    if pool.target is not None:
+        t = pool.target
+        out["target"] = {
+            "subsystems": {"expected": t.subsystems_expected, "present": t.subsystems_present},
+            "namespaces": {"expected": t.namespaces_expected, "present": t.namespaces_present,
+                           "enabled": t.namespaces_enabled},
+            "ports": {"expected": t.ports_expected, "linked": t.ports_linked},
+            "hosts_connected": t.hosts_connected,
+        }
+    if pool.initiator is not None:
+        i = pool.initiator
+        out["initiator"] = {
+            "controllers": {"expected": i.controllers_expected, "live": i.controllers_live,
+                            "names": [c.name for c in snapshot.controllers_of(pool.name)]},
+            "namespaces": {"expected": i.namespaces_expected, "found": i.namespaces_found},
+            "mount": {"path": i.mount_path, "mounted": i.mounted, "size_bytes": i.size_bytes,
+                      "free_bytes": i.free_bytes},
+            "engines": [{"kind": e.kind, "directory": e.directory, "used_bytes": e.used_bytes,
+                         "cap_bytes": e.cap_bytes} for e in i.engines],
+        }
+    return out
+
+
+def _drive_json(d: DriveHealth) -> dict[str, Any]:
+    return {
+        "device": d.device, "model": d.model, "serial": d.serial, "firmware": d.firmware,
+        "critical_warning": d.critical_warning, "warnings": list(d.warnings),
+        "temperature_celsius": d.temperature_celsius, "percent_used": d.percent_used,
+        "available_spare": d.available_spare,
+        "available_spare_threshold": d.available_spare_threshold,
+        "media_errors": d.media_errors, "error_log_entries": d.error_log_entries,
+        "power_on_hours": d.power_on_hours, "unsafe_shutdowns": d.unsafe_shutdowns,
+        "error": d.error, "healthy": d.healthy, "problems": list(d.problems),
+    }
+
+
+def to_status_json(snapshot: Snapshot) -> dict[str, Any]:
+    """The snapshot as plain JSON values, in the shape the status schema describes."""
+    apply = snapshot.last_apply
+    return {
+        "format": STATUS_FORMAT,
+        "agent_version": __version__,
+        "node": snapshot.node,
+        "taken_at": _iso(snapshot.taken_at),
+        "state": overall_state(snapshot),
+        "exit_code": exit_code(snapshot),
+        "problems": list(host_problems(snapshot)),
+        "config_error": snapshot.config_error,
+        "last_apply": None if apply is None else {
+            "finished_at": _iso(apply.finished_at), "ok": apply.ok, "changed": apply.changed,
+            "failed": apply.failed, "duration_seconds": apply.duration_seconds,
+        },
+        "pools": [_pool_json(p, snapshot) for p in snapshot.pools],
+        "controllers": [_controller_json(c) for c in snapshot.controllers],
+        "drives": [_drive_json(d) for d in snapshot.drives],
+        "counters": {
+            "apply_runs": snapshot.counters.apply_runs,
+            "apply_failures": snapshot.counters.apply_failures,
+            "config_reloads": snapshot.counters.config_reloads,
+            "config_reload_failures": snapshot.counters.config_reload_failures,
+        },
+    }
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024 or unit == "PiB":
+            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{n}B"  # pragma: no cover - the loop always returns
+
+
+def _opt(value: object, suffix: str = "") -> str:
+    return "-" if value is None else f"{value}{suffix}"
+
+
+def _pool_detail(pool: PoolHealth) -> str:
+    if pool.target is not None:
+        t = pool.target
+        hosts = "hosts ?" if t.hosts_connected is None else f"hosts {t.hosts_connected}"
+        return (f"subsys {t.subsystems_present}/{t.subsystems_expected}  "
+                f"ns {t.namespaces_enabled}/{t.namespaces_expected} enabled  "
+                f"ports {t.ports_linked}/{t.ports_expected} linked  {hosts}")
+    if pool.initiator is not None:
+        i = pool.initiator
+        mount = i.mount_path or "-"
+        if i.mount_path:
+            mount += "" if i.mounted else " (not mounted)"
+        free = f"  free {_bytes(i.free_bytes)} of {_bytes(i.size_bytes)}" if i.mounted else ""
+        return (f"ctrl {i.controllers_live}/{i.controllers_expected} live  "
+                f"ns {i.namespaces_found}/{i.namespaces_expected}  {mount}{free}")
+    return ""
+
+
+def render_status_text(snapshot: Snapshot) -> str:
+    """A human-readable report: pools, controllers, engines, drives, last apply, problems."""
+    state = overall_state(snapshot)
+    out = [f"node {snapshot.node}: {state.upper()}  (as of {_iso(snapshot.taken_at)})"]
+    if snapshot.pools:
+        rows = [[p.role, p.name, p.state, "yes" if p.ready else "no", _pool_detail(p)]
+                for p in snapshot.pools]
+        out += ["", table(rows, ["ROLE", "POOL", "STATE", "READY", "DETAIL"])]
+    else:
+        out += ["", "no pools configured"]
+    if snapshot.controllers:
+        rows = [[c.name, c.pool, c.state, c.transport, f"{c.traddr}:{c.trsvcid}",
+                 " ".join(f"{p.path}={p.state}" for p in c.paths) or "-"]
+                for c in snapshot.controllers]
+        out += ["", table(rows, ["CONTROLLER", "POOL", "STATE", "TRANSPORT", "ADDRESS",
+                                 "ANA"])]
+    engine_rows = [[p.name, e.kind, _bytes(e.used_bytes), _bytes(e.cap_bytes),
+                    "OVER CAP" if e.over_cap else ""]
+                   for p in snapshot.pools if p.initiator is not None
+                   for e in p.initiator.engines]
+    if engine_rows:
+        out += ["", table(engine_rows, ["POOL", "ENGINE", "USED", "CAP", ""])]
+    probe_rows = [[p.name, k, str(v)] for p in snapshot.pools if p.probe
+                  for k, v in sorted(p.probe.items())]
+    if probe_rows:
+        out += ["", table(probe_rows, ["POOL", "PROBE", "RESULT"])]
+    if snapshot.drives:
+        rows = [[d.device, d.model or "-",
+                 "-" if d.temperature_celsius is None else f"{d.temperature_celsius:.0f}°C",
+                 _opt(d.percent_used, "%"), _opt(d.available_spare, "%"),
+                 _opt(d.media_errors),
+                 "ok" if d.healthy else f"{len(d.problems)} problem(s), see below"]
+                for d in snapshot.drives]
+        out += ["", table(rows, ["DRIVE", "MODEL", "TEMP", "USED", "SPARE", "MEDIA-ERR",
+                                 "HEALTH"])]
+    apply = snapshot.last_apply
+    out.append("")
+    if apply is None:
+        out.append("last apply: none yet")
+    else:
+        verdict = "ok" if apply.ok else f"FAILED ({apply.failed} failed)"
+        out.append(f"last apply: {verdict}, {apply.changed} changed, at "
+                   f"{_iso(apply.finished_at)}")
+    problems = host_problems(snapshot)
+    if problems:
+        out += ["", "problems:", *(f"  - {p}" for p in problems)]
+    return "\n".join(out) + "\n"

@@ -72,9 +72,10 @@ def load_cli_config() -> Config:
 
 
 def _register() -> None:
-    from . import config_cmd
+    from . import bench_cmd, config_cmd
 
     main.add_command(config_cmd.config_group)
+    main.add_command(bench_cmd.bench)
 
 
 _register()

@@ -65,4 +65,7 @@ def render(ctx: EngineContext) -> Rendered:
     notes.append("LMCache evicts on disk (LRU) but keeps its index in memory (the versions "
                  "checked do not rescan at start): files of an earlier run are not counted "
                  "against max_local_disk_size; kvagent's cap and cleanup are the guard")
+    notes.append("this is LMCache's in-process configuration (LMCACHE_CONFIG_FILE); recent "
+                 "LMCache calls that mode legacy and prefers its multi-process (MP) server, "
+                 "whose disk settings kvagent does not render")
     return Rendered({CONFIG_NAME: dump_yaml(ctx, data)}, "yaml", tuple(notes))

@@ -1,0 +1,296 @@
+"""Read the live nvmet tree, and detect kernel features, from any :class:`ConfigFS`.
+
+Attributes are found by listing directories (like nvmetcli's globbing), so attributes
+that newer kernels add are read without code changes. A failed read raises
+:class:`~nvmet.errors.ReadError`; it never returns a partial or empty tree.
+"""
+
+from __future__ import annotations
+
+import errno as E
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+
+from .configfs import ConfigFS, Entry, join
+from .errors import NvmetUnavailable, ReadError
+from .model import FrozenMap, Host, Namespace, Port, Referral, Subsystem, Tree
+
+#: Where the planner looks for an attribute: object kind -> file-name list source.
+KINDS = ("host", "subsystem", "namespace", "port", "referral", "ana_group")
+
+#: Friendly names of optional kernel features, by the attribute file that reveals them.
+FEATURE_NAMES: dict[str, str] = {
+    "dhchap_key": "DH-HMAC-CHAP authentication (NVME_TARGET_AUTH)",
+    "dhchap_ctrl_key": "DH-HMAC-CHAP authentication (NVME_TARGET_AUTH)",
+    "dhchap_hash": "DH-HMAC-CHAP authentication (NVME_TARGET_AUTH)",
+    "dhchap_dhgroup": "DH-HMAC-CHAP authentication (NVME_TARGET_AUTH)",
+    "addr_tsas": "transport security (NVMe/TCP TLS, addr_tsas)",
+    "resv_enable": "persistent reservations (resv_enable)",
+    "attr_qid_max": "per-subsystem I/O queue limit (attr_qid_max)",
+    "p2pmem": "PCI peer-to-peer memory (p2pmem)",
+    "param_max_queue_size": "port queue size limit (param_max_queue_size)",
+    "param_mdts": "port MDTS limit (param_mdts)",
+}
+
+#: Name used for the temporary objects of ``features(..., probe=True)`` (an .invalid domain).
+PROBE_NQN = "nqn.2024-01.invalid.nvmet-feature-probe:probe"
+NOT_LOADED_HINT = ("load the target driver and mount configfs: 'modprobe nvmet' (and "
+                   "nvmet-tcp / nvmet-rdma), 'mount -t configfs none /sys/kernel/config'")
+
+
+@contextmanager
+def _reading(path: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise ReadError(f"cannot read nvmet configfs at {path or '.'}: "
+                        f"{exc.strerror or exc} ({E.errorcode.get(exc.errno or -1, '?')})",
+                        errno=exc.errno, path=path, op="read",
+                        hint="the live state is unknown; nothing was changed") from exc
+
+
+def _list(fs: ConfigFS, path: str) -> list[Entry]:
+    with _reading(path):
+        return fs.list(path)
+
+
+def _files(fs: ConfigFS, path: str, entries: list[Entry]) -> dict[str, str]:
+    out = {}
+    for e in entries:
+        if e.kind == "file" and e.readable:
+            p = join(path, e.name)
+            with _reading(p):
+                out[e.name] = fs.read(p)
+    return out
+
+
+def _number(name: str, what: str, path: str) -> int:
+    if not name.isdigit() or str(int(name)) != name:
+        raise ReadError(f"{what} directory {path!r} is not a plain decimal number",
+                        path=path, op="read",
+                        hint="rename it (rmdir and mkdir with a decimal name); it was not "
+                             "created by this library")
+    return int(name)
+
+
+def check_available(fs: ConfigFS) -> None:
+    """Raise :class:`NvmetUnavailable` unless the nvmet root with its three groups exists."""
+    try:
+        names = {e.name for e in fs.list("") if e.kind == "dir"}
+    except OSError as exc:
+        raise NvmetUnavailable(f"the nvmet configfs tree is not available ({fs!r}): "
+                               f"{exc.strerror or exc}", errno=exc.errno, path="",
+                               hint=NOT_LOADED_HINT) from exc
+    missing = {"hosts", "ports", "subsystems"} - names
+    if missing:
+        raise NvmetUnavailable(f"the nvmet configfs tree ({fs!r}) lacks {sorted(missing)}",
+                               path="", hint=NOT_LOADED_HINT)
+
+
+def read_namespace(fs: ConfigFS, path: str, nsid: int) -> Namespace:
+    """One namespace directory."""
+    files = _files(fs, path, _list(fs, path))
+    path_value = files.pop("device_path", None)
+    enable = files.pop("enable", None)
+    grp = files.pop("ana_grpid", None)
+    buffered = files.pop("buffered_io", None)
+    return Namespace(
+        nsid=nsid,
+        device_path=None if path_value in (None, "(null)", "") else path_value,
+        device_uuid=files.pop("device_uuid", None),
+        device_nguid=files.pop("device_nguid", None),
+        enable=None if enable is None else enable == "1",
+        ana_grpid=None if grp is None else int(grp),
+        buffered_io=None if buffered is None else buffered == "1",
+        attrs=files,
+    )
+
+
+def read_subsystem(fs: ConfigFS, nqn: str) -> Subsystem:
+    """One subsystem with its namespaces and allowed hosts."""
+    path = join("subsystems", nqn)
+    entries = _list(fs, path)
+    files = _files(fs, path, entries)
+    attrs = {k[len("attr_"):]: v for k, v in files.items() if k.startswith("attr_")}
+    namespaces = []
+    ns_root = join(path, "namespaces")
+    for e in _list(fs, ns_root):
+        if e.kind == "dir":
+            p = join(ns_root, e.name)
+            namespaces.append(read_namespace(fs, p, _number(e.name, "namespace", p)))
+    hosts = [e.name for e in _list(fs, join(path, "allowed_hosts")) if e.kind == "link"]
+    return Subsystem(nqn=nqn, attrs=attrs, namespaces=namespaces, allowed_hosts=frozenset(hosts))
+
+
+def _prefixed(files: Mapping[str, str], prefix: str) -> dict[str, str]:
+    return {k[len(prefix):]: v for k, v in files.items() if k.startswith(prefix)}
+
+
+def read_port(fs: ConfigFS, name: str) -> Port:
+    """One port with its links, ANA groups and referrals."""
+    path = join("ports", name)
+    port_id = _number(name, "port", path)
+    files = _files(fs, path, _list(fs, path))
+    links = [e.name for e in _list(fs, join(path, "subsystems")) if e.kind == "link"]
+    groups: dict[int, str] = {}
+    if fs.exists(join(path, "ana_groups")):
+        for e in _list(fs, join(path, "ana_groups")):
+            if e.kind == "dir":
+                gpath = join(path, "ana_groups", e.name)
+                gfiles = _files(fs, gpath, _list(fs, gpath))
+                groups[_number(e.name, "ANA group", gpath)] = gfiles.get("ana_state", "")
+    referrals = []
+    if fs.exists(join(path, "referrals")):
+        for e in _list(fs, join(path, "referrals")):
+            if e.kind == "dir":
+                rpath = join(path, "referrals", e.name)
+                rfiles = _files(fs, rpath, _list(fs, rpath))
+                enable = rfiles.get("enable")
+                referrals.append(Referral(name=e.name, addr=_prefixed(rfiles, "addr_"),
+                                          enable=None if enable is None else enable == "1"))
+    return Port(id=port_id, addr=_prefixed(files, "addr_"), params=_prefixed(files, "param_"),
+                subsystems=frozenset(links), ana_groups=groups, referrals=referrals)
+
+
+def read(fs: ConfigFS) -> Tree:
+    """The whole live tree. Raises NvmetUnavailable (no nvmet) or ReadError (any failure)."""
+    check_available(fs)
+    hosts = []
+    for e in _list(fs, "hosts"):
+        if e.kind == "dir":
+            p = join("hosts", e.name)
+            hosts.append(Host(nqn=e.name, attrs=_files(fs, p, _list(fs, p))))
+    subsystems = [read_subsystem(fs, e.name) for e in _list(fs, "subsystems") if e.kind == "dir"]
+    ports = [read_port(fs, e.name) for e in _list(fs, "ports") if e.kind == "dir"]
+    return Tree(hosts=hosts, subsystems=subsystems, ports=ports)
+
+
+@dataclass(frozen=True)
+class Features:
+    """Attribute files this kernel offers, per object kind (``None`` = not known: no object
+    of that kind existed to look at). Detected by file presence, never by version."""
+
+    kernel: str | None = None
+    files: Mapping[str, frozenset[str] | None] = field(default_factory=FrozenMap)
+
+    def has(self, kind: str, attribute: str) -> bool | None:
+        """True/False when known, None when no object of ``kind`` could be inspected."""
+        known = self.files.get(kind)
+        return None if known is None else attribute in known
+
+    @property
+    def dhchap(self) -> bool | None:
+        """DH-HMAC-CHAP (NVME_TARGET_AUTH): hosts have dhchap_key."""
+        return self.has("host", "dhchap_key")
+
+    @property
+    def tsas(self) -> bool | None:
+        """Transport-specific address subtype (TLS): ports have addr_tsas."""
+        return self.has("port", "addr_tsas")
+
+    @property
+    def reservations(self) -> bool | None:
+        """Persistent reservations: namespaces have resv_enable."""
+        return self.has("namespace", "resv_enable")
+
+    @property
+    def qid_max(self) -> bool | None:
+        """Per-subsystem queue limit: subsystems have attr_qid_max."""
+        return self.has("subsystem", "attr_qid_max")
+
+
+def _file_names(fs: ConfigFS, path: str) -> frozenset[str]:
+    return frozenset(e.name for e in _list(fs, path) if e.kind == "file")
+
+
+def _first_dir(fs: ConfigFS, path: str) -> str | None:
+    for e in _list(fs, path):
+        if e.kind == "dir":
+            return join(path, e.name)
+    return None
+
+
+def _inspect(fs: ConfigFS) -> dict[str, frozenset[str] | None]:
+    found: dict[str, frozenset[str] | None] = dict.fromkeys(KINDS)
+    host = _first_dir(fs, "hosts")
+    if host:
+        found["host"] = _file_names(fs, host)
+    for e in _list(fs, "subsystems"):
+        sub = join("subsystems", e.name)
+        found["subsystem"] = found["subsystem"] or _file_names(fs, sub)
+        ns = _first_dir(fs, join(sub, "namespaces"))
+        if ns:
+            found["namespace"] = _file_names(fs, ns)
+            break
+    for e in _list(fs, "ports"):
+        port = join("ports", e.name)
+        found["port"] = found["port"] or _file_names(fs, port)
+        grp = _first_dir(fs, join(port, "ana_groups")) if fs.exists(join(port, "ana_groups")) \
+            else None
+        if grp:
+            found["ana_group"] = found["ana_group"] or _file_names(fs, grp)
+        ref = _first_dir(fs, join(port, "referrals")) if fs.exists(join(port, "referrals")) \
+            else None
+        if ref:
+            found["referral"] = _file_names(fs, ref)
+    return found
+
+
+def _free_port_id(fs: ConfigFS) -> str:
+    used = {e.name for e in _list(fs, "ports")}
+    for candidate in range(65535, 0, -1):
+        if str(candidate) not in used:
+            return str(candidate)
+    raise ReadError("no free port id for the feature probe", path="ports")
+
+
+def _probe(fs: ConfigFS, found: dict[str, frozenset[str] | None]) -> None:
+    """Create throw-away objects for the kinds not seen yet, read their files, remove them."""
+    made: list[str] = []
+    try:
+        if found["host"] is None:
+            made.append(join("hosts", PROBE_NQN))
+            fs.mkdir(made[-1])
+            found["host"] = _file_names(fs, made[-1])
+        if found["subsystem"] is None or found["namespace"] is None:
+            sub = join("subsystems", PROBE_NQN)
+            made.append(sub)
+            fs.mkdir(sub)
+            found["subsystem"] = _file_names(fs, sub)
+            made.append(join(sub, "namespaces", "1"))
+            fs.mkdir(made[-1])
+            found["namespace"] = _file_names(fs, made[-1])
+        if found["port"] is None or found["referral"] is None or found["ana_group"] is None:
+            port = join("ports", _free_port_id(fs))
+            made.append(port)
+            fs.mkdir(port)
+            found["port"] = found["port"] or _file_names(fs, port)
+            if fs.exists(join(port, "ana_groups", "1")):
+                found["ana_group"] = _file_names(fs, join(port, "ana_groups", "1"))
+            if fs.exists(join(port, "referrals")):
+                made.append(join(port, "referrals", "probe"))
+                fs.mkdir(made[-1])
+                found["referral"] = _file_names(fs, made[-1])
+    except OSError as exc:
+        raise ReadError(f"feature probe failed: {exc.strerror or exc}", errno=exc.errno,
+                        op="probe") from exc
+    finally:
+        for path in reversed(made):
+            with suppress(FileNotFoundError):
+                fs.rmdir(path)
+
+
+def features(fs: ConfigFS, *, kernel: str | None = None, probe: bool = False) -> Features:
+    """Detect optional features from the attribute files of existing objects.
+
+    Kinds without an existing object stay unknown (``None``) unless ``probe`` is set: then
+    a temporary host, subsystem + namespace and port + referral (named :data:`PROBE_NQN`, a
+    free port id) are created, inspected and removed (these writes are counted by ``fs``).
+    ``kernel`` is only used in messages (e.g. ``platform.release()``).
+    """
+    check_available(fs)
+    found = _inspect(fs)
+    if probe and any(v is None for v in found.values()):
+        _probe(fs, found)
+    return Features(kernel=kernel, files=FrozenMap(found))

@@ -93,6 +93,7 @@ def ready_check(snapshot: Snapshot | None) -> tuple[int, str]:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    timeout = 60  # seconds an idle keep-alive connection may hold its thread
 
     def do_GET(self) -> None:
         self._answer(send_body=True)

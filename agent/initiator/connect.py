@@ -1,0 +1,268 @@
+"""Idempotent NVMe-oF connect and targeted disconnect, plus the discovery helper.
+
+A controller is "ours already" when transport, target address (normalised:
+``::1`` == ``0:0::1``), service, subsystem NQN and host NQN match and its
+state is usable (live, connecting, resetting); ``src_addr`` (the local address
+the kernel picked) is ignored. Then nothing is run. Otherwise ``nvme connect``
+runs; transient failures are retried with tenacity (bounded, logged),
+permanent ones raise at once with the kernel's reason.
+
+nvme-cli 2.3 quirks handled here (fixtures/nvme-2.3/):
+- a connect to an already-connected subsystem exits 1 ("already connected"),
+  so after a failure sysfs is checked again;
+- its "already connected" check ignores the host NQN, and ``--duplicate-connect``
+  does not get past it either: while one host identity holds a subsystem and
+  port, another cannot connect there. kvagent passes ``--duplicate-connect``
+  when sysfs shows only other identities there (later nvme-cli releases honour
+  it) and otherwise reports a permanent error naming the holder.
+
+On the 6.1 kernel, connecting with a host NQN that is already in use but a
+different host ID overwrites the ID the live controllers show in sysfs
+(observed in fixtures/sysfs-6.1/): always connect with this host's one hostid.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from ..errors import KvagentError
+from ..log import get_logger
+from ..naming import parse_subsystem_nqn
+from .nvmecli import (
+    AlreadyConnected,
+    DiscoveryEntry,
+    FabricsOptions,
+    NvmeCli,
+    PermanentConnectError,
+    TransientConnectError,
+)
+from .sysfs import Controller, Sysfs, normalize_traddr
+
+log = get_logger("initiator.connect")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to connect and as whom."""
+
+    transport: str
+    traddr: str
+    trsvcid: str
+    subsysnqn: str
+    hostnqn: str
+    hostid: str | None = None
+    options: FabricsOptions = field(default_factory=FabricsOptions)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "transport", self.transport.lower())
+        object.__setattr__(self, "trsvcid", str(self.trsvcid))
+
+    def matches(self, ctrl: Controller) -> bool:
+        """Whether ``ctrl`` is a controller for this target and host (any state)."""
+        return self.same_port(ctrl) and ctrl.hostnqn == self.hostnqn
+
+    def same_port(self, ctrl: Controller) -> bool:
+        """Same transport, address, service and subsystem (host NQN not compared)."""
+        addr = ctrl.address
+        if ctrl.transport.lower() != self.transport or ctrl.subsysnqn != self.subsysnqn:
+            return False
+        if normalize_traddr(addr.traddr) != normalize_traddr(self.traddr):
+            return False
+        if _svc(addr.trsvcid) != _svc(self.trsvcid):
+            return False
+        opts = self.options
+        if opts.host_traddr and normalize_traddr(addr.host_traddr) != normalize_traddr(
+                opts.host_traddr):
+            return False
+        return not (opts.host_iface and addr.host_iface != opts.host_iface)
+
+
+def _svc(value: str | None) -> str | None:
+    if value is None:
+        return None
+    text = value.strip()
+    return str(int(text)) if text.isdigit() else text.lower()
+
+
+@dataclass(frozen=True)
+class ConnectResult:
+    """The controllers serving a target after :func:`connect`; ``changed`` if we made one."""
+
+    controllers: tuple[Controller, ...]
+    changed: bool
+
+
+def find_controllers(target: Target, sysfs: Sysfs, *, usable_only: bool = True
+                     ) -> list[Controller]:
+    """Existing controllers for ``target`` (by default only usable ones)."""
+    return [c for c in sysfs.controllers()
+            if target.matches(c) and (c.usable or not usable_only)]
+
+
+def _log_retry(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    log.warning("connect failed, retrying", attempt=state.attempt_number,
+                error=str(exc), wait=round(state.next_action.sleep, 2) if state.next_action
+                else None)
+
+
+def connect(target: Target, *, cli: NvmeCli, sysfs: Sysfs, attempts: int = 5,
+            wait_initial: float = 1.0, wait_max: float = 10.0,
+            sleep: Callable[[float], None] = time.sleep,
+            settle: float = 5.0) -> ConnectResult:
+    """Connect ``target`` unless a matching usable controller exists; return its controllers.
+
+    Transient failures are retried up to ``attempts`` times (exponential wait
+    from ``wait_initial`` to ``wait_max`` seconds); permanent ones raise
+    :class:`~agent.initiator.nvmecli.PermanentConnectError` at once.
+    ``settle`` bounds how long to wait for a just-connected controller to show
+    up in sysfs.
+    """
+    existing = find_controllers(target, sysfs)
+    if existing:
+        log.debug("already connected", subsysnqn=target.subsysnqn,
+                  controllers=[c.name for c in existing])
+        return ConnectResult(tuple(existing), changed=False)
+
+    made: list[bool] = []
+
+    def attempt() -> tuple[Controller, ...]:
+        current = find_controllers(target, sysfs)
+        if current:
+            return tuple(current)
+        others = _other_hosts(target, sysfs)
+        try:
+            name = cli.connect(target.transport, target.traddr, target.trsvcid,
+                               target.subsysnqn, hostnqn=target.hostnqn, hostid=target.hostid,
+                               options=target.options, duplicate=bool(others))
+        except AlreadyConnected as exc:
+            current = find_controllers(target, sysfs)
+            if current:
+                return tuple(current)  # it was there after all (or appeared meanwhile)
+            others = _other_hosts(target, sysfs)
+            if others:
+                raise _held_by_other_host(target, others, exc) from None
+            # What nvme-cli saw is going away (deleting) or came and went: retry.
+            raise TransientConnectError(str(exc), "a controller for this target is changing "
+                                        "state; retrying") from None
+        made.append(True)
+        return _settled(target, sysfs, name, settle, sleep)
+
+    retrying = Retrying(
+        retry=retry_if_exception_type(TransientConnectError),
+        stop=stop_after_attempt(max(1, attempts)),
+        wait=wait_exponential(multiplier=wait_initial, max=wait_max),
+        sleep=sleep, before_sleep=_log_retry, reraise=True,
+    )
+    controllers = retrying(attempt)
+    log.info("connected" if made else "already connected", subsysnqn=target.subsysnqn,
+             traddr=target.traddr, trsvcid=target.trsvcid,
+             controllers=[c.name for c in controllers])
+    return ConnectResult(controllers, changed=bool(made))
+
+
+def _other_hosts(target: Target, sysfs: Sysfs) -> list[Controller]:
+    """Usable controllers to the same subsystem and port held by other host NQNs."""
+    return [c for c in sysfs.controllers()
+            if target.same_port(c) and c.usable and c.hostnqn != target.hostnqn]
+
+
+def _held_by_other_host(target: Target, others: list[Controller],
+                        exc: AlreadyConnected) -> PermanentConnectError:
+    held = ", ".join(f"{c.name} (host NQN {c.hostnqn})" for c in others)
+    return PermanentConnectError(
+        f"cannot connect {target.subsysnqn} at {target.traddr}:{target.trsvcid} as "
+        f"{target.hostnqn}: nvme-cli reports it already connected because {held} holds that "
+        "subsystem and port",
+        "nvme-cli 2.3 refuses a second host identity on one subsystem and port even with "
+        "--duplicate-connect; disconnect the other identity's controller first",
+        result=exc.result, kernel=exc.kernel, errno_name="EALREADY")
+
+
+def _settled(target: Target, sysfs: Sysfs, name: str | None, settle: float,
+             sleep: Callable[[float], None]) -> tuple[Controller, ...]:
+    """The target's controllers once the new one is visible in sysfs."""
+    deadline = time.monotonic() + settle
+    while True:
+        found = find_controllers(target, sysfs, usable_only=False)
+        if found and (name is None or any(c.name == name for c in found)):
+            return tuple(found)
+        if time.monotonic() >= deadline:
+            if found:
+                return tuple(found)
+            raise KvagentError(
+                f"nvme connect reported {name or 'success'} but no controller for "
+                f"{target.subsysnqn} at {target.traddr}:{target.trsvcid} appeared in sysfs",
+                "check dmesg; the controller may have been deleted right away")
+        sleep(0.1)
+
+
+def disconnect_controllers(subsysnqn: str, hostnqn: str, *, cli: NvmeCli, sysfs: Sysfs,
+                           wait: float = 10.0,
+                           sleep: Callable[[float], None] = time.sleep) -> list[str]:
+    """Disconnect only the fabrics controllers of ``subsysnqn`` held by ``hostnqn``.
+
+    Returns the controller names disconnected (empty: nothing to do). Other host
+    identities' controllers to the same subsystem are left alone (``nvme disconnect
+    -n`` would take them all, so each controller is disconnected by name).
+    """
+    mine = [c for c in sysfs.controllers()
+            if c.is_fabrics and c.subsysnqn == subsysnqn and c.hostnqn == hostnqn]
+    for ctrl in mine:
+        cli.disconnect(device=ctrl.name)
+    deadline = time.monotonic() + wait
+    names = {c.name for c in mine}
+    while names:
+        still = [n for n in names if (c := sysfs.controller(n)) is not None
+                 and c.subsysnqn == subsysnqn and c.hostnqn == hostnqn]
+        if not still:
+            break
+        if time.monotonic() >= deadline:
+            raise KvagentError(f"controllers {', '.join(sorted(still))} of {subsysnqn} are "
+                               f"still there {wait:g}s after nvme disconnect",
+                               "check dmesg; a mount or process may hold the device")
+        sleep(0.1)
+    if mine:
+        log.info("disconnected", subsysnqn=subsysnqn, controllers=sorted(c.name for c in mine))
+    return sorted(c.name for c in mine)
+
+
+def pool_entries(entries: Iterable[DiscoveryEntry], nqn_prefix: str, pool: str, *,
+                 host: str | None = None, node: str | None = None) -> list[DiscoveryEntry]:
+    """Discovery-log entries of kvagent subsystems serving ``pool``.
+
+    kvagent NQNs are ``<prefix>:<node>:<pool>:<host>`` (per host) or
+    ``<prefix>:<node>:<pool>`` (shared). The log already shows only what this
+    host may access; ``host`` (this host's short name) additionally drops
+    per-host subsystems of other hosts, ``node`` keeps one storage host's.
+    Duplicates (the same subsystem and port listed twice) are dropped.
+    """
+    out: list[DiscoveryEntry] = []
+    seen: set[tuple[str, str | None, str | None, str]] = set()
+    for entry in entries:
+        if not entry.is_nvm_subsystem:
+            continue
+        parsed = parse_subsystem_nqn(nqn_prefix, entry.subnqn)
+        if parsed is None:
+            continue
+        e_node, e_pool, e_host = parsed
+        if e_pool != pool or (node is not None and e_node != node):
+            continue
+        if host is not None and e_host is not None and e_host != host:
+            continue
+        key = (entry.trtype, normalize_traddr(entry.traddr), _svc(entry.trsvcid), entry.subnqn)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(entry)
+    return out

@@ -1,0 +1,332 @@
+"""Readers of the NVMe host side of sysfs: controllers, subsystems, namespaces.
+
+Everything here reads under a ``sysfs`` root (default ``/sys``) so tests can
+point it at a fake tree. Devices come and go while we read (a controller
+being deleted, a namespace being removed): a reader that loses a race
+returns None for that object, or leaves it out of a listing; it never
+raises because something vanished.
+
+Layout on Debian's 6.1 kernel with ``nvme_core multipath=Y`` (see
+tests/unit/initiator/fixtures/sysfs-6.1/):
+
+- ``/sys/class/nvme/nvme<C>``: a controller (``transport``, ``address``,
+  ``state``, ``subsysnqn``, ``hostnqn``, ``hostid``, ``cntlid``,
+  ``ctrl_loss_tmo`` ...); fabrics ones live under
+  ``/sys/devices/virtual/nvme-fabrics/ctl/``.
+- ``/sys/class/nvme-subsystem/nvme-subsys<S>``: ``subsysnqn``, ``iopolicy``,
+  one symlink per controller and one directory per namespace head.
+- ``/sys/block/nvme<S>n<N>``: the multipath head (the device to use), with
+  ``uuid``, ``nguid`` (absent when zero), ``wwid``, ``nsid``, ``size`` (512-byte
+  sectors), ``queue/logical_block_size``; its ``device`` links to the subsystem.
+- ``/sys/block/nvme<S>c<C>n<N>``: the hidden per-path node, with
+  ``ana_state``/``ana_grpid``; its ``device`` links to the controller.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Controller states in which a controller is (or will soon be) usable.
+USABLE_STATES = frozenset({"live", "connecting", "resetting"})
+#: Every state the kernel reports (nvme_sysfs_show_state).
+CONTROLLER_STATES = frozenset(
+    {"new", "live", "resetting", "connecting", "deleting", "deleting (no IO)", "dead"}
+)
+#: Transports of fabrics controllers (the ones kvagent may connect or disconnect).
+FABRICS_TRANSPORTS = frozenset({"tcp", "rdma", "fc", "loop"})
+
+_CTRL_RE = re.compile(r"^nvme(\d+)$")
+_HEAD_RE = re.compile(r"^nvme(\d+)n(\d+)$")
+_PATH_RE = re.compile(r"^nvme(\d+)c(\d+)n(\d+)$")
+_SUBSYS_RE = re.compile(r"^nvme-subsys(\d+)$")
+SECTOR = 512
+
+
+def read_attr(path: Path) -> str | None:
+    """Contents of one sysfs attribute, stripped; None if it vanished or cannot be read."""
+    try:
+        return path.read_text(errors="replace").strip()
+    except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
+        return None
+    except OSError:
+        # ENODEV/ENXIO from a device being torn down, EACCES on write-only files.
+        return None
+
+
+def _read_int(path: Path) -> int | None:
+    text = read_attr(path)
+    if text is None:
+        return None
+    try:
+        return int(text, 0)
+    except ValueError:
+        return None
+
+
+def _link_name(path: Path) -> str | None:
+    try:
+        return os.path.basename(os.readlink(path))
+    except OSError:
+        return None
+
+
+def _listdir(path: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def normalize_traddr(traddr: str | None) -> str | None:
+    """Canonical form of a transport address: IPv4/IPv6 compressed and lower case.
+
+    Non-IP addresses (FC WWNs, PCI addresses) are lower-cased and returned as given.
+    """
+    if traddr is None:
+        return None
+    text = traddr.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    try:
+        return ipaddress.ip_address(text).compressed.lower()
+    except ValueError:
+        return text.lower()
+
+
+@dataclass(frozen=True)
+class Address:
+    """A controller's ``address`` attribute, parsed (``traddr=…,trsvcid=…[,src_addr=…]``)."""
+
+    raw: str
+    traddr: str | None = None
+    trsvcid: str | None = None
+    src_addr: str | None = None
+    host_traddr: str | None = None
+    host_iface: str | None = None
+
+    @classmethod
+    def parse(cls, raw: str) -> Address:
+        """Parse key=value pairs separated by ',' (or spaces, as very old kernels wrote).
+
+        A PCIe controller's address is a bare PCI address; it keeps only ``raw``.
+        """
+        fields: dict[str, str] = {}
+        for part in re.split(r"[,\s]+", raw.strip()):
+            key, sep, value = part.partition("=")
+            if sep and key:
+                fields[key.strip()] = value.strip()
+        return cls(raw=raw.strip(), traddr=fields.get("traddr"), trsvcid=fields.get("trsvcid"),
+                   src_addr=fields.get("src_addr"), host_traddr=fields.get("host_traddr"),
+                   host_iface=fields.get("host_iface"))
+
+    @property
+    def normalized_traddr(self) -> str | None:
+        return normalize_traddr(self.traddr)
+
+
+@dataclass(frozen=True)
+class Controller:
+    """One NVMe controller as sysfs shows it."""
+
+    name: str
+    transport: str
+    address: Address
+    state: str
+    subsysnqn: str
+    hostnqn: str | None = None
+    hostid: str | None = None
+    cntlid: int | None = None
+    ctrl_loss_tmo: str | None = None
+    reconnect_delay: str | None = None
+    fast_io_fail_tmo: str | None = None
+    kato: str | None = None
+    queue_count: int | None = None
+    sqsize: int | None = None
+
+    @property
+    def is_fabrics(self) -> bool:
+        return self.transport in FABRICS_TRANSPORTS
+
+    @property
+    def usable(self) -> bool:
+        return self.state in USABLE_STATES
+
+    @property
+    def device(self) -> str:
+        return f"/dev/{self.name}"
+
+
+@dataclass(frozen=True)
+class Subsystem:
+    """One NVMe subsystem (``/sys/class/nvme-subsystem/nvme-subsys<S>``)."""
+
+    name: str
+    nqn: str
+    iopolicy: str | None
+    subsystype: str | None
+    controllers: tuple[str, ...]
+    heads: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NamespacePath:
+    """A hidden per-path node ``nvme<S>c<C>n<N>``: one controller's view of a namespace."""
+
+    name: str
+    controller: str | None
+    controller_state: str | None
+    ana_state: str | None
+    ana_grpid: int | None
+
+
+@dataclass(frozen=True)
+class NamespaceHead:
+    """A namespace's block device: the multipath head ``nvme<S>n<N>`` and its paths.
+
+    Without native multipath the block device sits directly on a controller; then
+    ``subsystem`` is None and ``paths`` holds that single controller.
+    """
+
+    name: str
+    nsid: int | None
+    uuid: str | None
+    nguid: str | None
+    wwid: str | None
+    size_sectors: int | None
+    logical_block_size: int | None
+    subsystem: str | None
+    subsysnqn: str | None
+    paths: tuple[NamespacePath, ...]
+
+    @property
+    def device(self) -> str:
+        return f"/dev/{self.name}"
+
+    @property
+    def size_bytes(self) -> int | None:
+        return None if self.size_sectors is None else self.size_sectors * SECTOR
+
+
+class Sysfs:
+    """Reads NVMe controllers, subsystems and namespaces under a sysfs root."""
+
+    def __init__(self, root: Path | str = "/sys"):
+        self.root = Path(root)
+
+    # -- controllers ----------------------------------------------------------
+    def controller_names(self) -> list[str]:
+        names = [n for n in _listdir(self.root / "class/nvme") if _CTRL_RE.match(n)]
+        return sorted(names, key=lambda n: int(n[4:]))
+
+    def controller(self, name: str) -> Controller | None:
+        """The controller ``name`` (``nvme3``), or None if it is gone or half torn down."""
+        d = self.root / "class/nvme" / name
+        transport = read_attr(d / "transport")
+        address = read_attr(d / "address")
+        state = read_attr(d / "state")
+        subsysnqn = read_attr(d / "subsysnqn")
+        if transport is None or address is None or state is None or subsysnqn is None:
+            return None
+        return Controller(
+            name=name, transport=transport, address=Address.parse(address), state=state,
+            subsysnqn=subsysnqn, hostnqn=read_attr(d / "hostnqn"), hostid=read_attr(d / "hostid"),
+            cntlid=_read_int(d / "cntlid"), ctrl_loss_tmo=read_attr(d / "ctrl_loss_tmo"),
+            reconnect_delay=read_attr(d / "reconnect_delay"),
+            fast_io_fail_tmo=read_attr(d / "fast_io_fail_tmo"), kato=read_attr(d / "kato"),
+            queue_count=_read_int(d / "queue_count"), sqsize=_read_int(d / "sqsize"),
+        )
+
+    def controllers(self) -> list[Controller]:
+        """Every controller that could be read completely (vanished ones are left out)."""
+        return [c for c in (self.controller(n) for n in self.controller_names()) if c]
+
+    # -- subsystems -----------------------------------------------------------
+    def subsystem(self, name: str) -> Subsystem | None:
+        d = self.root / "class/nvme-subsystem" / name
+        nqn = read_attr(d / "subsysnqn")
+        if nqn is None:
+            return None
+        entries = _listdir(d)
+        return Subsystem(
+            name=name, nqn=nqn, iopolicy=read_attr(d / "iopolicy"),
+            subsystype=read_attr(d / "subsystype"),
+            controllers=tuple(e for e in entries if _CTRL_RE.match(e)),
+            heads=tuple(e for e in entries if _HEAD_RE.match(e)),
+        )
+
+    def subsystems(self) -> list[Subsystem]:
+        names = [n for n in _listdir(self.root / "class/nvme-subsystem") if _SUBSYS_RE.match(n)]
+        return [s for s in (self.subsystem(n) for n in names) if s]
+
+    # -- namespaces -----------------------------------------------------------
+    def namespace(self, name: str) -> NamespaceHead | None:
+        """The namespace block device ``name`` (``nvme2n1``) with its paths, or None."""
+        d = self.root / "block" / name
+        if not _HEAD_RE.match(name):
+            return None
+        uuid = read_attr(d / "uuid")
+        nsid = _read_int(d / "nsid")
+        if uuid is None and nsid is None:
+            return None  # gone (or not a namespace)
+        parent = _link_name(d / "device")
+        subsystem = parent if parent and _SUBSYS_RE.match(parent) else None
+        subsysnqn = None
+        if subsystem:
+            subsysnqn = read_attr(self.root / "class/nvme-subsystem" / subsystem / "subsysnqn")
+            paths = self._paths_of(name)
+        else:
+            # No native multipath: the block device hangs off its controller directly.
+            ctrl = parent if parent and _CTRL_RE.match(parent) else None
+            if ctrl:
+                subsysnqn = read_attr(self.root / "class/nvme" / ctrl / "subsysnqn")
+            paths = (NamespacePath(name=name, controller=ctrl, controller_state=(
+                read_attr(self.root / "class/nvme" / ctrl / "state") if ctrl else None),
+                ana_state=read_attr(d / "ana_state"), ana_grpid=_read_int(d / "ana_grpid")),)
+        return NamespaceHead(
+            name=name, nsid=nsid, uuid=uuid, nguid=read_attr(d / "nguid"),
+            wwid=read_attr(d / "wwid"), size_sectors=_read_int(d / "size"),
+            logical_block_size=_read_int(d / "queue/logical_block_size"),
+            subsystem=subsystem, subsysnqn=subsysnqn, paths=paths,
+        )
+
+    def _paths_of(self, head: str) -> tuple[NamespacePath, ...]:
+        m = _HEAD_RE.match(head)
+        assert m
+        inst, nsid = m.groups()
+        found = []
+        for entry in _listdir(self.root / "block"):
+            pm = _PATH_RE.match(entry)
+            if not pm or pm.group(1) != inst or pm.group(3) != nsid:
+                continue
+            d = self.root / "block" / entry
+            ctrl = _link_name(d / "device") or f"nvme{pm.group(2)}"
+            ana_state = read_attr(d / "ana_state")
+            if ana_state is None and not d.exists():
+                continue  # the path went away while we looked
+            found.append(NamespacePath(
+                name=entry, controller=ctrl,
+                controller_state=read_attr(self.root / "class/nvme" / ctrl / "state"),
+                ana_state=ana_state, ana_grpid=_read_int(d / "ana_grpid"),
+            ))
+        return tuple(found)
+
+    def namespace_names(self) -> list[str]:
+        return [n for n in _listdir(self.root / "block") if _HEAD_RE.match(n)]
+
+    def namespaces(self) -> list[NamespaceHead]:
+        """Every namespace block device (multipath heads; hidden path nodes are folded in)."""
+        return [h for h in (self.namespace(n) for n in self.namespace_names()) if h]
+
+    def namespace_by_uuid(self, uuid: str) -> NamespaceHead | None:
+        """The namespace whose ``uuid`` attribute equals ``uuid`` (case-insensitive)."""
+        want = uuid.lower()
+        for name in self.namespace_names():
+            if (read_attr(self.root / "block" / name / "uuid") or "").lower() == want:
+                head = self.namespace(name)
+                if head is not None and (head.uuid or "").lower() == want:
+                    return head
+        return None

@@ -1,0 +1,345 @@
+"""Idempotent connect, retries and targeted disconnect, with a fake nvme-cli over a fake sysfs.
+
+The fake nvme-cli behaves as the recorded 2.3 one does (fixtures/nvme-2.3/cases):
+a connect creates a controller in sysfs and prints {"device": ...}; a repeat
+connect to the same subsystem and port prints "already connected" and exits 1
+whatever the host NQN.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.initiator.connect import (
+    Target,
+    connect,
+    disconnect_controllers,
+    find_controllers,
+    pool_entries,
+)
+from agent.initiator.nvmecli import (
+    FabricsOptions,
+    NvmeCli,
+    PermanentConnectError,
+    TransientConnectError,
+    parse_discover,
+)
+from agent.initiator.sysfs import Address, Sysfs
+from agent.system.run import CommandResult
+from tests.unit.fakerunner import FakeRunner
+
+from .fakesysfs import FakeSysfs
+
+FIX = Path(__file__).parent / "fixtures" / "nvme-2.3"
+NQN = "nqn.2026-11.io.kvagent:store1:pool0:gpu0"
+HOST = "nqn.2014-08.org.nvmexpress:uuid:11e85052-8716-44d9-b10e-1c51bae17688"
+HOSTID = "11e85052-8716-44d9-b10e-1c51bae17688"
+OTHER = "nqn.2014-08.org.nvmexpress:uuid:0f0e0d0c-0b0a-4908-8706-050403020100"
+
+
+def recorded(name: str) -> dict:
+    return json.loads((FIX / "cases" / f"{name}.json").read_text())
+
+
+class ReplayLog:
+    """Kernel log stand-in: returns the lines of the recorded case being replayed."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def mark(self) -> None:
+        return None
+
+    def since(self, mark: object) -> list[str]:
+        return list(self.lines)
+
+
+class FakeKernel:
+    """nvme connect/disconnect acting on a FakeSysfs like nvme-cli 2.3 + the kernel."""
+
+    def __init__(self, fake: FakeSysfs):
+        self.fake = fake
+        self.next = 5
+        self.failures: list[dict] = []  # recorded cases to answer with, in order
+        self.kernel_lines: list[str] = []
+        self.runner = (FakeRunner().on_call(["nvme", "connect"], self.connect)
+                       .on_call(["nvme", "disconnect"], self.disconnect))
+        self.log = ReplayLog()
+        self.cli = NvmeCli(self.runner, kernel_log=self.log)
+
+    @staticmethod
+    def opt(argv: tuple[str, ...], flag: str) -> str | None:
+        return argv[argv.index(flag) + 1] if flag in argv else None
+
+    def connect(self, argv: tuple[str, ...], _input: str | None) -> CommandResult:
+        if self.failures:
+            case = self.failures.pop(0)
+            self.log.lines = [ln for ln in case["kernel"] if ln.startswith("nvme ")]
+            return CommandResult(argv, case["returncode"], case["stdout"], case["stderr"])
+        traddr, svc, nqn = (self.opt(argv, "--traddr"), self.opt(argv, "--trsvcid"),
+                            self.opt(argv, "--nqn"))
+        for c in Sysfs(self.fake.root).controllers():
+            if (c.address.traddr, c.address.trsvcid, c.subsysnqn) == (traddr, svc, nqn):
+                return CommandResult(argv, 1, "", "already connected\n")
+        inst = self.next
+        self.next += 1
+        self.fake.add_controller(inst, subsysnqn=nqn, hostnqn=self.opt(argv, "--hostnqn"),
+                                 hostid=self.opt(argv, "--hostid"),
+                                 address=f"traddr={traddr},trsvcid={svc},src_addr=10.9.9.9",
+                                 transport=self.opt(argv, "--transport"))
+        return CommandResult(argv, 0, json.dumps({"device": f"nvme{inst}"}), "")
+
+    def disconnect(self, argv: tuple[str, ...], _input: str | None) -> CommandResult:
+        name = self.opt(argv, "--device")
+        if name and (self.fake.root / "class/nvme" / name).exists():
+            self.fake.remove_controller(int(name[4:]))
+            return CommandResult(argv, 0, "", "")
+        return CommandResult(argv, 0, "", f"Did not find device {name}\n")
+
+
+@pytest.fixture
+def kernel(tmp_path: Path) -> FakeKernel:
+    return FakeKernel(FakeSysfs(tmp_path))
+
+
+def target(traddr: str = "10.0.0.1", hostnqn: str = HOST, **kw) -> Target:
+    return Target("tcp", traddr, kw.pop("trsvcid", "4420"), kw.pop("subsysnqn", NQN), hostnqn,
+                  kw.pop("hostid", HOSTID), **kw)
+
+
+def run_connect(kernel: FakeKernel, t: Target, **kw):
+    sleeps: list[float] = []
+    result = connect(t, cli=kernel.cli, sysfs=Sysfs(kernel.fake.root), sleep=sleeps.append,
+                     **kw)
+    return result, sleeps
+
+
+def connects(kernel: FakeKernel) -> list[tuple[str, ...]]:
+    return kernel.runner.ran("nvme", "connect")
+
+
+# --------------------------------------------------------------- idempotency
+
+def test_connects_when_nothing_matches(kernel: FakeKernel) -> None:
+    result, _ = run_connect(kernel, target())
+    assert result.changed
+    [ctrl] = result.controllers
+    assert (ctrl.name, ctrl.hostnqn, ctrl.state) == ("nvme5", HOST, "live")
+    [argv] = connects(kernel)
+    assert "--duplicate-connect" not in argv
+    assert argv[argv.index("--hostid"):argv.index("--hostid") + 2] == ("--hostid", HOSTID)
+
+
+def test_existing_matching_controller_is_reused_without_nvme_connect(kernel: FakeKernel) -> None:
+    kernel.fake.add_controller(2, subsysnqn=NQN, hostnqn=HOST,
+                               address="traddr=10.0.0.1,trsvcid=4420,src_addr=10.0.0.7")
+    result, _ = run_connect(kernel, target())
+    assert not result.changed
+    assert [c.name for c in result.controllers] == ["nvme2"]
+    assert connects(kernel) == []
+
+
+def test_second_connect_is_a_no_op(kernel: FakeKernel) -> None:
+    first, _ = run_connect(kernel, target())
+    second, _ = run_connect(kernel, target())
+    assert first.changed and not second.changed
+    assert second.controllers[0].name == first.controllers[0].name
+    assert len(connects(kernel)) == 1
+
+
+def test_src_addr_difference_is_ignored(kernel: FakeKernel) -> None:
+    kernel.fake.add_controller(2, subsysnqn=NQN, hostnqn=HOST,
+                               address="traddr=10.0.0.1,trsvcid=4420,src_addr=192.168.7.7")
+    result, _ = run_connect(kernel, target())
+    assert not result.changed and connects(kernel) == []
+
+
+@pytest.mark.parametrize(("sysfs_addr", "config_addr"), [
+    ("fd00:0:0:0::1", "fd00::1"),
+    ("FD00::1", "fd00::1"),
+    ("fd00::1", "fd00:0000:0000:0000:0000:0000:0000:0001"),
+])
+def test_ipv6_forms_are_normalised(kernel: FakeKernel, sysfs_addr: str,
+                                   config_addr: str) -> None:
+    kernel.fake.add_controller(2, subsysnqn=NQN, hostnqn=HOST,
+                               address=f"traddr={sysfs_addr},trsvcid=4420,src_addr=fd00::9")
+    result, _ = run_connect(kernel, target(config_addr))
+    assert not result.changed and connects(kernel) == []
+
+
+def test_service_compared_as_a_number(kernel: FakeKernel) -> None:
+    kernel.fake.add_controller(2, subsysnqn=NQN, hostnqn=HOST,
+                               address="traddr=10.0.0.1,trsvcid=04420")
+    result, _ = run_connect(kernel, target(trsvcid=4420))
+    assert not result.changed
+
+
+@pytest.mark.parametrize("state", ["connecting", "resetting"])
+def test_reconnecting_controller_is_reused(kernel: FakeKernel, state: str) -> None:
+    kernel.fake.add_controller(2, subsysnqn=NQN, hostnqn=HOST, state=state,
+                               address="traddr=10.0.0.1,trsvcid=4420")
+    result, _ = run_connect(kernel, target())
+    assert not result.changed and connects(kernel) == []
+
+
+@pytest.mark.parametrize("state", ["deleting", "dead", "new"])
+def test_unusable_controller_is_not_reused(kernel: FakeKernel, state: str) -> None:
+    kernel.fake.add_controller(2, subsysnqn=NQN, hostnqn=HOST, state=state,
+                               address="traddr=10.0.0.1,trsvcid=4420")
+    assert find_controllers(target(), Sysfs(kernel.fake.root)) == []
+
+
+@pytest.mark.parametrize("field", ["traddr", "trsvcid", "subsysnqn", "transport"])
+def test_other_target_is_not_a_match(kernel: FakeKernel, field: str) -> None:
+    values = {"traddr": "10.0.0.2", "trsvcid": "4421", "subsysnqn": NQN + "x",
+              "transport": "rdma"}
+    addr = (f"traddr={values['traddr'] if field == 'traddr' else '10.0.0.1'},"
+            f"trsvcid={values['trsvcid'] if field == 'trsvcid' else '4420'}")
+    kernel.fake.add_controller(2, subsysnqn=values["subsysnqn"] if field == "subsysnqn" else NQN,
+                               hostnqn=HOST, address=addr,
+                               transport=values["transport"] if field == "transport" else "tcp")
+    assert find_controllers(target(), Sysfs(kernel.fake.root)) == []
+
+
+def test_host_traddr_and_iface_must_match_when_configured(kernel: FakeKernel) -> None:
+    kernel.fake.add_controller(2, subsysnqn=NQN, hostnqn=HOST,
+                               address="traddr=10.0.0.1,trsvcid=4420,host_traddr=10.0.0.5,"
+                                       "host_iface=eth1")
+    s = Sysfs(kernel.fake.root)
+    assert find_controllers(target(options=FabricsOptions(host_traddr="10.0.0.5",
+                                                          host_iface="eth1")), s)
+    assert not find_controllers(target(options=FabricsOptions(host_traddr="10.0.0.6")), s)
+    assert not find_controllers(target(options=FabricsOptions(host_iface="eth2")), s)
+    assert find_controllers(target(), s)  # not configured: not compared
+
+
+def test_other_host_nqn_is_not_ours_and_gets_its_own_connect(kernel: FakeKernel) -> None:
+    """hostnqn mismatch -> a new connect. nvme-cli 2.3 then says 'already connected'
+    (it ignores the host NQN) even with --duplicate-connect: a permanent error naming the holder."""
+    kernel.fake.add_controller(2, subsysnqn=NQN, hostnqn=OTHER,
+                               address="traddr=10.0.0.1,trsvcid=4420")
+    with pytest.raises(PermanentConnectError, match=r"nvme2 \(host NQN " + OTHER):
+        run_connect(kernel, target())
+    [argv] = connects(kernel)
+    assert "--duplicate-connect" in argv
+    assert argv[argv.index("--hostnqn") + 1] == HOST
+
+
+def test_other_host_nqn_with_a_duplicate_honouring_nvme_cli(kernel: FakeKernel) -> None:
+    kernel.fake.add_controller(2, subsysnqn=NQN, hostnqn=OTHER,
+                               address="traddr=10.0.0.1,trsvcid=4420")
+    kernel.runner.on_call(["nvme", "connect", "--transport"], lambda argv, i: (
+        kernel.fake.add_controller(9, subsysnqn=NQN, hostnqn=HOST,
+                                   address="traddr=10.0.0.1,trsvcid=4420"),
+        CommandResult(argv, 0, '{"device":"nvme9"}', ""))[1])
+    result, _ = run_connect(kernel, target())
+    assert result.changed and [c.name for c in result.controllers] == ["nvme9"]
+
+
+def test_exit_1_already_connected_then_sysfs_shows_ours(kernel: FakeKernel) -> None:
+    """A controller that appears between our check and nvme connect is reused."""
+    def racing(argv, _input):
+        kernel.fake.add_controller(7, subsysnqn=NQN, hostnqn=HOST,
+                                   address="traddr=10.0.0.1,trsvcid=4420")
+        c = recorded("connect-again")
+        return CommandResult(argv, c["returncode"], c["stdout"], c["stderr"])
+    kernel.runner.on_call(["nvme", "connect", "--transport"], racing)
+    result, _ = run_connect(kernel, target())
+    assert [c.name for c in result.controllers] == ["nvme7"]
+    assert len(connects(kernel)) == 1
+
+
+# ------------------------------------------------------------------- retries
+
+def test_transient_then_success(kernel: FakeKernel) -> None:
+    kernel.failures = [recorded("connect-not-linked"), recorded("connect-refused")]
+    result, sleeps = run_connect(kernel, target(), attempts=5, wait_initial=1, wait_max=10)
+    assert result.changed and len(result.controllers) == 1
+    assert len(connects(kernel)) == 3
+    assert len(sleeps) >= 2 and sleeps[:2] == sorted(sleeps[:2])  # backed off
+
+
+def test_transient_gives_up_after_the_attempts(kernel: FakeKernel) -> None:
+    kernel.failures = [recorded("connect-refused")] * 10
+    with pytest.raises(TransientConnectError, match="Connection refused"):
+        run_connect(kernel, target(), attempts=3)
+    assert len(connects(kernel)) == 3
+
+
+@pytest.mark.parametrize("name", ["connect-not-allowed", "connect-no-subsys"])
+def test_permanent_fails_at_once_with_the_kernels_reason(kernel: FakeKernel, name: str) -> None:
+    kernel.failures = [recorded(name)] * 3
+    with pytest.raises(PermanentConnectError) as info:
+        run_connect(kernel, target(), attempts=5)
+    assert len(connects(kernel)) == 1
+    assert info.value.kernel and "nvme nvme2:" in info.value.message
+
+
+# ---------------------------------------------------------------- disconnect
+
+def test_disconnect_only_controllers_of_this_host_and_subsystem(kernel: FakeKernel) -> None:
+    f = kernel.fake
+    f.add_controller(2, subsysnqn=NQN, hostnqn=HOST, address="traddr=10.0.0.1,trsvcid=4420")
+    f.add_controller(3, subsysnqn=NQN, hostnqn=HOST, address="traddr=10.0.1.1,trsvcid=4420")
+    f.add_controller(4, subsysnqn=NQN, hostnqn=OTHER, address="traddr=10.0.0.1,trsvcid=4420")
+    f.add_controller(6, subsysnqn=NQN + "x", hostnqn=HOST, address="traddr=10.0.0.1,trsvcid=4420")
+    f.add_controller(8, subsysnqn=NQN, hostnqn=HOST, transport="pcie", address="0000:00:0b.0")
+    gone = disconnect_controllers(NQN, HOST, cli=kernel.cli, sysfs=Sysfs(f.root),
+                                  sleep=lambda s: None)
+    assert gone == ["nvme2", "nvme3"]
+    left = sorted(c.name for c in Sysfs(f.root).controllers())
+    assert left == ["nvme4", "nvme6", "nvme8"]
+    assert [a[a.index("--device") + 1] for a in kernel.runner.ran("nvme", "disconnect")] == [
+        "nvme2", "nvme3"]
+
+
+def test_disconnect_nothing_to_do(kernel: FakeKernel) -> None:
+    assert disconnect_controllers(NQN, HOST, cli=kernel.cli,
+                                  sysfs=Sysfs(kernel.fake.root)) == []
+    assert kernel.runner.calls == []
+
+
+# ----------------------------------------------------------------- discovery
+
+def entry(subnqn: str, traddr: str = "10.0.0.1", trsvcid: str = "4420",
+          subtype: str = "nvme subsystem"):
+    from agent.initiator.nvmecli import DiscoveryEntry
+    return DiscoveryEntry("tcp", "ipv4", subtype, traddr, trsvcid, subnqn, 1)
+
+
+PREFIX = "nqn.2026-11.io.kvagent"
+
+
+def test_pool_entries_picks_this_pools_subsystems() -> None:
+    entries = [
+        entry("nqn.2014-08.org.nvmexpress.discovery", subtype="current discovery subsystem"),
+        entry(f"{PREFIX}:store1:pool0:gpu0"),
+        entry(f"{PREFIX}:store1:pool0:gpu0", trsvcid="04420"),  # same, other spelling
+        entry(f"{PREFIX}:store1:pool1:gpu0"),
+        entry(f"{PREFIX}:store2:pool0"),  # shared
+        entry(f"{PREFIX}:store1:pool0:gpu1"),
+        entry("nqn.2026-11.io.other:store1:pool0:gpu0"),
+        entry(f"{PREFIX}:store1:pool0:gpu0:extra"),
+    ]
+    picked = [e.subnqn for e in pool_entries(entries, PREFIX, "pool0", host="gpu0")]
+    assert picked == [f"{PREFIX}:store1:pool0:gpu0", f"{PREFIX}:store2:pool0"]
+    only_store2 = pool_entries(entries, PREFIX, "pool0", host="gpu0", node="store2")
+    assert [e.subnqn for e in only_store2] == [f"{PREFIX}:store2:pool0"]
+
+
+def test_pool_entries_over_a_recorded_discovery_log() -> None:
+    log = parse_discover((FIX / "discover-local.json").read_text())
+    [e] = pool_entries(log, PREFIX, "pool0", host="gpu0")
+    assert (e.subnqn, e.traddr, e.trsvcid) == (f"{PREFIX}:gpu0-store:pool0:gpu0", "127.0.0.1",
+                                               "4420")
+    assert pool_entries(log, PREFIX, "pool0", host="gpu1") == []
+
+
+def test_target_matches_uses_parsed_address() -> None:
+    from agent.initiator.sysfs import Controller
+    ctrl = Controller("nvme1", "TCP", Address.parse("traddr=10.0.0.1,trsvcid=4420"), "live",
+                      NQN, HOST)
+    assert target().matches(ctrl)

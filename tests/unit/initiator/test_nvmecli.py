@@ -1,0 +1,327 @@
+"""nvme-cli parsers over recorded output of several releases, and connect error classes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.initiator import nvmecli
+from agent.initiator.nvmecli import (
+    AlreadyConnected,
+    FabricsOptions,
+    NvmeCli,
+    NvmeCliError,
+    PermanentConnectError,
+    TransientConnectError,
+    classify_connect_failure,
+)
+from agent.system.run import CommandResult, CommandTimeout
+from tests.unit.fakerunner import FakeRunner
+
+FIX = Path(__file__).parent / "fixtures"
+V23 = FIX / "nvme-2.3"
+OTHER = FIX / "other-versions"
+POOL_NQN = "nqn.2026-11.io.kvagent:gpu0-store:pool0:gpu0"
+
+
+def text(path: Path) -> str:
+    return path.read_text()
+
+
+def case(name: str) -> dict:
+    return json.loads((V23 / "cases" / f"{name}.json").read_text())
+
+
+def result_of(c: dict) -> CommandResult:
+    return CommandResult(tuple(c["argv"]), c["returncode"], c["stdout"], c["stderr"])
+
+
+def host_lines(c: dict) -> list[str]:
+    """What KernelLog keeps from the recorded kernel lines (host side only)."""
+    return [ln for ln in c["kernel"] if nvmecli.KernelLog._KEEP.match(ln)]
+
+
+# ------------------------------------------------------------------ parsers
+
+def test_version_2_3() -> None:
+    v = nvmecli.parse_version(text(V23 / "version.txt"))
+    assert v.version == (2, 3)
+    assert v.libnvme == (1, 3)
+    assert v.text == "2.3"
+
+
+def test_version_garbage_is_an_error() -> None:
+    with pytest.raises(NvmeCliError):
+        nvmecli.parse_version("command not found")
+
+
+@pytest.mark.parametrize("name", ["discover-ref.json", "discover-local.json"])
+def test_discover_2_3(name: str) -> None:
+    entries = nvmecli.parse_discover(text(V23 / name))
+    assert len(entries) == 2
+    disc, nvm = entries
+    assert not disc.is_nvm_subsystem and disc.subnqn == nvmecli.DISCOVERY_NQN
+    assert nvm.is_nvm_subsystem
+    assert (nvm.trtype, nvm.traddr, nvm.trsvcid, nvm.portid, nvm.eflags) == (
+        "tcp", "127.0.0.1", "4420", 1, "none")
+
+
+def test_discover_lists_only_what_the_host_may_use() -> None:
+    local = [e.subnqn for e in nvmecli.parse_discover(text(V23 / "discover-local.json"))
+             if e.is_nvm_subsystem]
+    other = [e.subnqn for e in nvmecli.parse_discover(text(V23 / "discover-other-host.json"))
+             if e.is_nvm_subsystem]
+    assert local == [POOL_NQN]
+    assert other == ["nqn.2026-11.io.kvagent:gpu0-store:pool0:gpu1"]
+
+
+def test_discover_older_layout_with_device_and_spacing() -> None:
+    entries = nvmecli.parse_discover(text(OTHER / "nvme-1.14-discover-device.json"))
+    assert [(e.subnqn, e.trsvcid, e.eflags) for e in entries] == [
+        ("storage1", "8009", None), ("storage2", "8009", None)]
+    assert all(e.is_nvm_subsystem for e in entries)
+
+
+def test_discover_skips_records_without_address_and_tolerates_noise() -> None:
+    noisy = "warning: something\n" + json.dumps(
+        {"records": [{"subnqn": "nqn.x:y"}, {"traddr": "::1", "subnqn": "nqn.2026-11.a:b",
+                                               "trtype": "TCP", "new_field": 3}]})
+    [entry] = nvmecli.parse_discover(noisy)
+    assert (entry.traddr, entry.trtype, entry.trsvcid) == ("::1", "tcp", "")
+
+
+def test_connect_output() -> None:
+    assert nvmecli.parse_connect(text(V23 / "connect-ref.json")) == "nvme0"
+    assert nvmecli.parse_connect(case("connect-ok")["stdout"]) == "nvme2"
+    assert nvmecli.parse_connect("") is None
+
+
+@pytest.mark.parametrize("name", ["list-subsys-ref.json", "list-subsys.json"])
+def test_list_subsys_2_3(name: str) -> None:
+    subs = nvmecli.parse_list_subsys(text(V23 / name))
+    fabrics = [s for s in subs if s.paths and s.paths[0].transport == "tcp"]
+    [sub] = fabrics
+    assert sub.hostnqn and sub.hostnqn.startswith("nqn.2014-08.org.nvmexpress:uuid:")
+    [path] = sub.paths
+    assert path.state == "live"
+    assert (path.address.traddr, path.address.trsvcid, path.address.src_addr) == (
+        "127.0.0.1", "4420", "127.0.0.1")
+
+
+def test_list_subsys_one_host_nqn_under_two_hostids() -> None:
+    subs = nvmecli.parse_list_subsys(text(V23 / "list-subsys-two-hostids.json"))
+    assert len({s.hostnqn for s in subs}) == 1
+    assert len({s.hostid for s in subs}) == 2
+    assert {s.name for s in subs} == {"nvme-subsys0", "nvme-subsys1", "nvme-subsys2"}
+
+
+def test_list_subsys_later_2x_with_iopolicy() -> None:
+    [sub] = nvmecli.parse_list_subsys(text(OTHER / "nvme-2.x-list-subsys-iopolicy.json"))
+    assert sub.iopolicy == "round-robin"
+    assert sub.hostid == "94300544-77e5-4544-a504-cf6778a60f5d"
+    assert [p.address.traddr for p in sub.paths] == ["172.21.112.9", "172.21.112.8"]
+    assert sub.paths[0].address.src_addr is None
+
+
+def test_list_subsys_1x_object() -> None:
+    [sub] = nvmecli.parse_list_subsys(text(OTHER / "nvme-1.x-list-subsys.json"))
+    assert sub.hostnqn is None and sub.name == "nvme-subsys0"
+    assert len(sub.paths) == 2
+
+
+def test_list_subsys_1x_paths_as_separate_object() -> None:
+    data = {"Subsystems": [{"Name": "nvme-subsys0", "NQN": "nqn.2026-11.a:b"},
+                           {"Paths": [{"Name": "nvme0", "Transport": "tcp",
+                                       "Address": "traddr=10.0.0.1 trsvcid=4420",
+                                       "State": "live"}]}]}
+    [sub] = nvmecli.parse_list_subsys(json.dumps(data))
+    [path] = sub.paths
+    assert (path.address.traddr, path.address.trsvcid) == ("10.0.0.1", "4420")
+
+
+@pytest.mark.parametrize("name", ["list-ref.json", "list.json"])
+def test_list_flat_2_3(name: str) -> None:
+    devices = nvmecli.parse_list(text(V23 / name))
+    fabrics = [d for d in devices if d.model == "Linux"]
+    [dev] = fabrics
+    assert dev.nsid == 1 and dev.device.startswith("/dev/nvme") and dev.sector_size == 512
+    assert dev.subsysnqn is None  # the flat layout does not say
+
+
+def test_list_verbose_2_3_multipath_heads_under_subsystem() -> None:
+    devices = nvmecli.parse_list(text(V23 / "list-v.json"))
+    mine = [d for d in devices if d.subsysnqn == POOL_NQN]
+    [dev] = mine
+    assert (dev.device, dev.nsid, dev.controller) == ("/dev/nvme2n1", 1, "nvme2")
+
+
+def test_list_nested_2_11() -> None:
+    devices = nvmecli.parse_list(text(OTHER / "nvme-2.11-list.json"))
+    assert [d.device for d in devices] == ["/dev/nvme0n1", "/dev/nvme1n1", "/dev/nvme2n1"]
+    assert devices[2].controller == "nvme2" and devices[2].serial == "7VS00KNX"
+    assert devices[0].used_bytes == 4000787030016
+
+
+def test_no_json_is_a_clear_error() -> None:
+    with pytest.raises(NvmeCliError, match="no JSON"):
+        nvmecli.parse_list("No NVMe devices detected.")
+
+
+# ------------------------------------------------------------ classification
+
+@pytest.mark.parametrize("name", ["connect-not-allowed", "connect-bad-hostnqn",
+                                  "connect-hostid-clash"])
+def test_host_not_allowed_is_permanent_with_the_kernels_reason(name: str) -> None:
+    c = case(name)
+    err = classify_connect_failure(result_of(c), host_lines(c))
+    assert isinstance(err, PermanentConnectError)
+    assert err.status == 0x4184
+    assert "is not allowed" in err.message
+    assert "allowed_hosts" in (err.hint or "")
+
+
+def test_unknown_subsystem_is_permanent() -> None:
+    c = case("connect-no-subsys")
+    err = classify_connect_failure(result_of(c), host_lines(c))
+    assert isinstance(err, PermanentConnectError)
+    assert err.status == 0x4182 and "Invalid Data Parameter" in err.message
+
+
+def test_eio_without_kernel_log_is_still_permanent() -> None:
+    err = classify_connect_failure(result_of(case("connect-not-allowed")), [])
+    assert isinstance(err, PermanentConnectError) and err.errno_name == "EIO"
+
+
+@pytest.mark.parametrize("name", ["connect-refused", "connect-not-linked",
+                                  "connect-unreachable", "discover-refused",
+                                  "discover-not-linked"])
+def test_nothing_listening_is_transient(name: str) -> None:
+    c = case(name)
+    err = classify_connect_failure(result_of(c), host_lines(c))
+    assert isinstance(err, TransientConnectError)
+    assert "failed to connect socket" in err.message
+
+
+@pytest.mark.parametrize("name", ["connect-again", "connect-other-host-while-connected",
+                                  "connect-other-host-duplicate"])
+def test_already_connected(name: str) -> None:
+    c = case(name)
+    assert isinstance(classify_connect_failure(result_of(c), host_lines(c)), AlreadyConnected)
+
+
+def test_ealready_exit_status_of_newer_releases() -> None:
+    res = CommandResult(("nvme", "connect"), 114, "", "")
+    assert isinstance(classify_connect_failure(res), AlreadyConnected)
+
+
+def test_controller_busy_status_without_dnr_is_transient() -> None:
+    res = CommandResult(("nvme", "connect"), 1, "",
+                        "Failed to write to /dev/nvme-fabrics: Input/output error\n")
+    err = classify_connect_failure(res, ["nvme nvme3: failed to connect queue: 0 ret=385"])
+    assert isinstance(err, TransientConnectError) and err.status == 0x181
+
+
+def test_missing_transport_module_is_permanent_with_hint() -> None:
+    res = CommandResult(("nvme", "connect"), 1, "",
+                        "Failed to write to /dev/nvme-fabrics: Invalid argument\n")
+    err = classify_connect_failure(res, ["nvme_fabrics: no handler found for transport rdma."])
+    assert isinstance(err, PermanentConnectError)
+    assert "no handler found" in err.message
+
+
+# ------------------------------------------------------------- the wrapper
+
+class ListKernelLog:
+    def __init__(self, lines: list[str]):
+        self.lines = lines
+        self.marks = 0
+
+    def mark(self) -> int:
+        self.marks += 1
+        return 0
+
+    def since(self, mark: object) -> list[str]:
+        return list(self.lines)
+
+
+def test_connect_argv_and_options() -> None:
+    runner = FakeRunner().on(["nvme", "connect"], stdout='{\n  "device":"nvme4"\n}\n')
+    cli = NvmeCli(runner, kernel_log=ListKernelLog([]))
+    opts = FabricsOptions(ctrl_loss_tmo=-1, reconnect_delay=2, keep_alive_tmo=7,
+                          nr_io_queues=2, queue_size=64, host_iface="eth1",
+                          host_traddr="10.0.0.2")
+    name = cli.connect("tcp", "10.0.0.1", 4420, POOL_NQN, hostnqn="nqn.h", hostid="id",
+                       options=opts)
+    assert name == "nvme4"
+    [argv] = runner.calls
+    assert argv == ("nvme", "connect", "--transport", "tcp", "--traddr", "10.0.0.1",
+                    "--trsvcid", "4420", "--nqn", POOL_NQN, "--hostnqn", "nqn.h",
+                    "--hostid", "id", "--ctrl-loss-tmo", "-1", "--reconnect-delay", "2",
+                    "--keep-alive-tmo", "7", "--nr-io-queues", "2", "--queue-size", "64",
+                    "--host-iface", "eth1", "--host-traddr", "10.0.0.2",
+                    "--output-format", "json")
+
+
+def test_connect_failure_carries_kernel_lines() -> None:
+    c = case("connect-not-allowed")
+    runner = FakeRunner().on(["nvme", "connect"], returncode=c["returncode"],
+                             stdout=c["stdout"], stderr=c["stderr"])
+    cli = NvmeCli(runner, kernel_log=ListKernelLog(host_lines(c)))
+    with pytest.raises(PermanentConnectError) as info:
+        cli.connect("tcp", "127.0.0.1", 4420, POOL_NQN)
+    assert info.value.kernel == tuple(host_lines(c))
+
+
+def test_connect_timeout_is_transient() -> None:
+    def hang(argv, _input):
+        raise CommandTimeout(argv, 45)
+    cli = NvmeCli(FakeRunner().on_call(["nvme", "connect"], hang),
+                  kernel_log=ListKernelLog([]))
+    with pytest.raises(TransientConnectError, match="timed out"):
+        cli.connect("tcp", "127.0.0.1", 4420, POOL_NQN)
+
+
+def test_options_from_config() -> None:
+    from agent.config.model import ConnectOptions
+    from agent.config.types import Duration
+    opts = FabricsOptions.from_config(ConnectOptions())
+    assert (opts.ctrl_loss_tmo, opts.reconnect_delay, opts.keep_alive_tmo) == (-1, 2, None)
+    finite = FabricsOptions.from_config(ConnectOptions(ctrl_loss_tmo=Duration(600),
+                                                       reconnect_delay=Duration(0.25)))
+    assert (finite.ctrl_loss_tmo, finite.reconnect_delay) == (600, 1)
+
+
+@pytest.mark.parametrize(("name", "expect"), [("disconnect-device", 1),
+                                              ("disconnect-device-gone", 0)])
+def test_disconnect_device(name: str, expect: int) -> None:
+    c = case(name)
+    runner = FakeRunner().on(["nvme", "disconnect"], returncode=c["returncode"],
+                             stdout=c["stdout"], stderr=c["stderr"])
+    assert NvmeCli(runner).disconnect(device="nvme2") == expect
+    assert runner.calls == [("nvme", "disconnect", "--device", "nvme2")]
+
+
+def test_disconnect_by_nqn_counts() -> None:
+    c = case("disconnect-nqn-none")
+    runner = FakeRunner().on(["nvme", "disconnect"], stdout=c["stdout"])
+    assert NvmeCli(runner).disconnect(nqn="nqn.2026-11.io.kvagent:nope:none") == 0
+
+
+def test_disconnect_failure_despite_exit_0() -> None:
+    runner = FakeRunner().on(["nvme", "disconnect"],
+                             stderr="Failed to disconnect nvme3: Device or resource busy\n")
+    with pytest.raises(NvmeCliError, match="busy"):
+        NvmeCli(runner).disconnect(device="nvme3")
+
+
+def test_list_and_version_commands() -> None:
+    runner = (FakeRunner()
+              .on(["nvme", "version"], stdout=text(V23 / "version.txt"))
+              .on(["nvme", "list-subsys"], stdout=text(V23 / "list-subsys.json"))
+              .on(["nvme", "list"], stdout=text(OTHER / "nvme-2.11-list.json")))
+    cli = NvmeCli(runner)
+    assert cli.version().version == (2, 3)
+    assert any(s.nqn == POOL_NQN for s in cli.list_subsys())
+    assert len(cli.list_devices()) == 3

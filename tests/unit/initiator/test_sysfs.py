@@ -1,0 +1,197 @@
+"""sysfs readers over a fake tree rebuilt from the 6.1 capture, including races."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agent.initiator import sysfs as sysfs_mod
+from agent.initiator.sysfs import Address, Sysfs, normalize_traddr
+
+from .fakesysfs import FakeSysfs
+
+NQN = "nqn.2026-11.io.kvagent:gpu0-store:pool0:gpu0"
+UUID = "3f1c2d3e-4b5a-5c6d-8e7f-a1b2c3d4e5f6"
+CAPTURE = Path(__file__).parent / "fixtures" / "sysfs-6.1"
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> FakeSysfs:
+    return FakeSysfs(tmp_path).load_dump()
+
+
+def recorded(name: str) -> dict[str, str]:
+    """attribute -> value from the reference capture file (sysfs-ctrl.txt style)."""
+    out = {}
+    for line in (CAPTURE / name).read_text().splitlines():
+        key, sep, value = line.partition("\t")
+        if sep and not value.startswith("cat:"):
+            out[key] = value.strip()
+    return out
+
+
+def test_controller_from_the_capture(tree: FakeSysfs) -> None:
+    ctrl = Sysfs(tree.root).controller("nvme2")
+    assert ctrl is not None
+    assert (ctrl.transport, ctrl.state, ctrl.subsysnqn) == ("tcp", "live", NQN)
+    assert ctrl.address == Address("traddr=127.0.0.1,trsvcid=4420,src_addr=127.0.0.1",
+                                   "127.0.0.1", "4420", "127.0.0.1")
+    # connected with --ctrl-loss-tmo -1 --reconnect-delay 2 --keep-alive-tmo 7 --queue-size 64
+    assert (ctrl.ctrl_loss_tmo, ctrl.reconnect_delay, ctrl.kato, ctrl.sqsize) == (
+        "off", "2", "7", 63)
+    assert ctrl.hostnqn and ctrl.hostnqn.startswith("nqn.2014-08.org.nvmexpress:uuid:")
+    assert ctrl.cntlid == 1 and ctrl.is_fabrics and ctrl.usable
+
+
+def test_reference_capture_attributes_parse(tmp_path: Path) -> None:
+    """The reference capture's controller, written into the fake layout, reads back the same."""
+    attrs = {k.rsplit("/", 1)[1]: v for k, v in recorded("sysfs-ctrl.txt").items()}
+    fake = FakeSysfs(tmp_path)
+    fake.add_controller(0, **{k: v for k, v in attrs.items() if k != "cntlid"},
+                        cntlid=attrs["cntlid"])
+    ctrl = Sysfs(tmp_path).controller("nvme0")
+    assert ctrl is not None
+    assert ctrl.address.traddr == "127.0.0.1" and ctrl.address.src_addr == "127.0.0.1"
+    assert (ctrl.ctrl_loss_tmo, ctrl.reconnect_delay, ctrl.fast_io_fail_tmo) == (
+        "600", "10", "off")
+    assert ctrl.hostid == attrs["hostid"] and ctrl.subsysnqn == attrs["subsysnqn"]
+
+
+def test_controllers_lists_only_complete_ones(tree: FakeSysfs) -> None:
+    names = [c.name for c in Sysfs(tree.root).controllers()]
+    # nvme0/nvme1 (PCIe) were not dumped: their class entries do not exist in the fake.
+    assert names == ["nvme2"]
+
+
+def test_subsystem_from_the_capture(tree: FakeSysfs) -> None:
+    [sub] = Sysfs(tree.root).subsystems()
+    assert (sub.name, sub.nqn, sub.iopolicy, sub.subsystype) == (
+        "nvme-subsys2", NQN, "numa", "nvm")
+    assert sub.controllers == ("nvme2",) and sub.heads == ("nvme2n1",)
+
+
+def test_multipath_head_and_path_from_the_capture(tree: FakeSysfs) -> None:
+    s = Sysfs(tree.root)
+    head = s.namespace_by_uuid(UUID.upper())
+    assert head is not None
+    assert (head.name, head.device, head.nsid, head.subsystem, head.subsysnqn) == (
+        "nvme2n1", "/dev/nvme2n1", 1, "nvme-subsys2", NQN)
+    assert head.size_bytes == 131072 * 512 and head.logical_block_size == 512
+    assert head.nguid is None  # 6.1 has no nguid file when it is zero
+    assert head.wwid == f"uuid.{UUID}"
+    [path] = head.paths
+    assert (path.name, path.controller, path.controller_state, path.ana_state,
+            path.ana_grpid) == ("nvme2c2n1", "nvme2", "live", "optimized", 1)
+
+
+def test_hidden_path_nodes_are_not_namespaces(tree: FakeSysfs) -> None:
+    names = sorted(h.name for h in Sysfs(tree.root).namespaces())
+    assert names == ["nvme0n1", "nvme1n1", "nvme2n1"]
+    assert Sysfs(tree.root).namespace("nvme2c2n1") is None
+
+
+def test_non_multipath_device_hangs_off_its_controller(tree: FakeSysfs) -> None:
+    head = Sysfs(tree.root).namespace("nvme0n1")
+    assert head is not None and head.subsystem is None
+    assert [p.controller for p in head.paths] == ["nvme0"]
+    assert head.uuid is None and head.wwid.startswith("nvme.1b36-")
+
+
+def test_two_paths_with_ana_states(tmp_path: Path) -> None:
+    fake = FakeSysfs(tmp_path)
+    fake.add_controller(3, subsysnqn=NQN, address="traddr=10.0.0.1,trsvcid=4420")
+    fake.add_controller(4, subsysnqn=NQN, address="traddr=10.0.1.1,trsvcid=4420",
+                        state="connecting")
+    fake.add_subsystem(3, NQN, (3, 4))
+    fake.add_namespace(3, 1, UUID, paths=((3, "optimized"), (4, "inaccessible")))
+    head = Sysfs(tmp_path).namespace("nvme3n1")
+    assert head is not None
+    assert [(p.controller, p.controller_state, p.ana_state) for p in head.paths] == [
+        ("nvme3", "live", "optimized"), ("nvme4", "connecting", "inaccessible")]
+
+
+# ------------------------------------------------------------------- races
+
+def test_controller_vanished_entirely(tree: FakeSysfs) -> None:
+    shutil.rmtree(tree.root / "devices/virtual/nvme-fabrics/ctl/nvme2")
+    s = Sysfs(tree.root)
+    assert s.controller("nvme2") is None  # dangling class symlink
+    assert s.controllers() == []
+    head = s.namespace("nvme2n1")  # the head outlives its path (ctrl_loss_tmo)
+    assert head is not None and head.paths == ()
+
+
+def test_attribute_vanishes_mid_read(tree: FakeSysfs, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Path.read_text
+
+    def flaky(self: Path, *args, **kwargs):
+        if self.name == "state" and "nvme2" in str(self):
+            raise OSError(errno.ENODEV, "No such device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", flaky)
+    s = Sysfs(tree.root)
+    assert s.controller("nvme2") is None
+    head = s.namespace("nvme2n1")
+    assert head is not None and head.paths[0].controller_state is None
+
+
+def test_namespace_removed_between_listing_and_reading(
+        tree: FakeSysfs, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Sysfs(tree.root)
+    names = s.namespace_names()
+    (tree.root / "block/nvme2n1").unlink()
+    monkeypatch.setattr(Sysfs, "namespace_names", lambda self: names)
+    assert s.namespace_by_uuid(UUID) is None
+    assert "nvme2n1" not in [h.name for h in s.namespaces()]
+
+
+def test_missing_roots_read_as_empty(tmp_path: Path) -> None:
+    s = Sysfs(tmp_path / "nothing")
+    assert (s.controllers(), s.subsystems(), s.namespaces()) == ([], [], [])
+
+
+def test_read_attr_permission_denied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "reset_controller"
+    f.write_text("")
+
+    def denied(self: Path, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    assert sysfs_mod.read_attr(f) is None
+
+
+# ------------------------------------------------------------------ address
+
+@pytest.mark.parametrize(("raw", "expect"), [
+    ("traddr=127.0.0.1,trsvcid=4420,src_addr=127.0.0.1", ("127.0.0.1", "4420", "127.0.0.1")),
+    ("traddr=10.0.0.1 trsvcid=4420", ("10.0.0.1", "4420", None)),
+    ("traddr=fe80::1,trsvcid=4420,host_traddr=fe80::2,host_iface=eth0",
+     ("fe80::1", "4420", None)),
+    ("0000:00:0b.0", (None, None, None)),
+])
+def test_address_parse(raw: str, expect: tuple) -> None:
+    a = Address.parse(raw)
+    assert (a.traddr, a.trsvcid, a.src_addr) == expect
+    assert a.raw == raw
+
+
+def test_address_host_fields() -> None:
+    a = Address.parse("traddr=fe80::1,trsvcid=4420,host_traddr=fe80::2,host_iface=eth0")
+    assert (a.host_traddr, a.host_iface) == ("fe80::2", "eth0")
+
+
+@pytest.mark.parametrize(("given", "canonical"), [
+    ("2001:DB8:0:0:0:0:0:1", "2001:db8::1"),
+    ("[2001:db8::1]", "2001:db8::1"),
+    ("::ffff:10.0.0.1", "::ffff:a00:1"),
+    ("010.000.000.001", "010.000.000.001"),  # not an IPv4 literal Python accepts: kept
+    ("10.0.0.1", "10.0.0.1"),
+    ("nn-0x20000090FA:pn-0x10", "nn-0x20000090fa:pn-0x10"),
+])
+def test_normalize_traddr(given: str, canonical: str) -> None:
+    assert normalize_traddr(given) == canonical

@@ -192,17 +192,18 @@ def render_text(result: BenchResult) -> str:
             ["job", "GB/s", "IOPS", "p50", "p99", "p99.9"]))
         out.append("")
         out.append(f"Recompute at {result.throughput.label}.")
-        out.append(f"Reads: the best read job at the measured I/O size nearest to one "
+        out.append(f"Reads at the measured I/O size nearest to one "
                    f"{result.engine_chunk_tokens}-token chunk of the model's KV (LMCache's "
-                   "default chunk);")
-        out.append("load time = KV bytes / its bandwidth + its p50 latency once.")
+                   "default chunk): load time = KV bytes / the best read bandwidth there")
+        out.append("+ the p50 latency of one I/O there (its least concurrent read job).")
         out.append(table(
             [[m.model, format_size(m.kv_bytes_per_token),
               f"{format_params(m.params_active)}" + ("~" if m.params_estimated else ""),
               f"{m.flops_per_token / 1e9:.1f} G", f"{m.break_even_gbps:.2f} GB/s",
-              size_label(m.io_size), f"{m.read_gbps:.2f} GB/s", m.io_job] for m in d.models],
+              size_label(m.io_size), f"{m.read_gbps:.2f} GB/s", m.io_job,
+              format_latency(m.io_latency_us)] for m in d.models],
             ["model", "KV/token", "active", "FLOPs/token", "break-even", "I/O size", "read",
-             "job"]))
+             "job", "1 I/O"]))
         out.append("")
         rows = []
         for m in d.models:
@@ -274,9 +275,10 @@ def bench(pool: str | None, path: Path | None, all_namespaces: bool, profile: st
     engine = detect_ioengine(runner)
     specs = plan_jobs(prof, sizes, engine)
     progress = tty_progress(sys.stderr)
-    results = []
     for directory in directories:
         check_space(directory, prof)
+    results = []
+    for directory in directories:
         with scratch_dir(directory) as scratch:
             jobs = run_jobs(runner, specs, scratch, prof, engine, progress)
         assessed = tuple(assess_model(m, jobs, thr, PREFIX_TOKENS, io_size) for m in models)

@@ -21,7 +21,8 @@ def job(rw: str, bs: int, qd: int, gbps: float, p50_us: float | None = 100.0) ->
 JOBS = [
     job("write", 256 * KIB, 8, 9.0), job("read", 256 * KIB, 8, 1.0),
     job("read", 2 * MIB, 1, 1.5), job("read", 2 * MIB, 8, 2.5),
-    job("read", 8 * MIB, 8, 3.0), job("read", 32 * MIB, 1, 2.0), job("read", 32 * MIB, 8, 4.0),
+    job("read", 8 * MIB, 8, 3.0),
+    job("read", 32 * MIB, 1, 2.0, p50_us=100.0), job("read", 32 * MIB, 8, 4.0, p50_us=800.0),
 ]
 
 
@@ -30,7 +31,10 @@ def test_chunk_of_llama_8b_picks_32mib_and_its_best_read() -> None:
     # (the 9 GB/s write is never used for loading)
     c = choose_read_job(JOBS, 128 * KIB)
     assert (c.job.block_size, c.job.gbps) == (32 * MIB, 4.0)
+    # the fixed cost is one unqueued I/O: the qd1 job's latency, not qd8's queueing
+    assert (c.latency_job.block_size, c.latency_job.iodepth) == (32 * MIB, 1)
     assert "32.0 MiB" in c.reason and c.job.name in c.reason
+    assert c.latency_job.name in c.reason
 
 
 def test_nearest_size_on_a_log_scale() -> None:
@@ -57,6 +61,7 @@ def test_assessment_uses_the_chosen_reads_bandwidth_and_latency() -> None:
     thr = throughput("h100", 0.5)
     a = assess_model(m, JOBS, thr, prefixes=(1024,))
     assert a.io_size == 32 * MIB and a.read_gbps == 4.0 and a.io_latency_us == 100.0
+    assert a.latency_job.endswith("qd1") and a.io_job.endswith("qd8")
     # 1024 · 131072 B / 4e9 B/s + 100 us = 0.033554432 + 0.0001
     assert a.prefixes[0].load_s == pytest.approx(0.033654432)
     # weights-only break-even: 131072 · 4.945e14 / (2 · 8.03e9) = 4.0358e9 B/s

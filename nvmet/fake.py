@@ -2,7 +2,7 @@
 
 It implements :class:`nvmet.configfs.ConfigFS` and the kernel's rules as observed on
 Debian's 6.1 kernel (see DESIGN.md "Kernel facts" and the shared errno table in
-``tests/nvmet_cases.py``, which runs against this fake *and* the real kernel):
+``tests/unit/nvmet/errno_table.py``, which runs against this fake *and* the real kernel):
 
 * mkdir creates the default attribute files and default groups with the kernel's
   defaults (random ``device_uuid`` and ``attr_serial``, ``ana_groups/1`` on ports,

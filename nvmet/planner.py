@@ -392,7 +392,11 @@ class _Planner:
         if lsub is None:
             self.mk_subsystems.append(Action("mkdir", path, description=f"create subsystem {nqn}"))
         live_attrs = lsub.attrs if lsub else {}
-        changes = {k: v for k, v in sub.attrs.items() if lsub is None or live_attrs.get(k) != v}
+        wanted = dict(sub.attrs)
+        if sub.allowed_hosts and "allow_any_host" not in wanted and \
+                live_attrs.get("allow_any_host") == "1":
+            wanted["allow_any_host"] = "0"  # allowed_hosts imply it (the kernel requires it)
+        changes = {k: v for k, v in wanted.items() if lsub is None or live_attrs.get(k) != v}
         for name in _attr_order(changes, live_attrs):
             self.mk_subsystems.append(Action(
                 "write", join(path, f"attr_{name}"), changes[name],

@@ -72,9 +72,10 @@ def load_cli_config() -> Config:
 
 
 def _register() -> None:
-    from . import bench_cmd, config_cmd
+    from . import bench_cmd, config_cmd, target_cmd
 
     main.add_command(config_cmd.config_group)
+    main.add_command(target_cmd.target_group)
     main.add_command(bench_cmd.bench)
 
 

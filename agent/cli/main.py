@@ -9,9 +9,10 @@ from typing import Any
 import click
 
 from .. import __version__
-from ..config import CONFIG_ENV, DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
+from ..config import CONFIG_ENV, DEFAULT_CONFIG_PATH, ConfigError
 from ..errors import EXIT_FAILED, EXIT_USAGE, KvagentError
 from ..log import configure_logging
+from .context import load_cli_config  # noqa: F401  (re-exported for commands)
 
 
 class KvagentGroup(click.Group):
@@ -65,18 +66,14 @@ def main(ctx: click.Context, config_file: str | None, output: str, verbose: int)
     ctx.obj = {"config_file": config_file, "output": output, "verbose": verbose}
 
 
-def load_cli_config() -> Config:
-    """The config named by -c/--config, $KVAGENT_CONFIG or the default path."""
-    ctx = click.get_current_context()
-    return load_config(ctx.find_root().obj.get("config_file"))
-
-
 def _register() -> None:
-    from . import bench_cmd, config_cmd, target_cmd
+    from . import apply_cmd, bench_cmd, config_cmd, target_cmd
 
     main.add_command(config_cmd.config_group)
     main.add_command(target_cmd.target_group)
     main.add_command(bench_cmd.bench)
+    main.add_command(apply_cmd.plan)
+    main.add_command(apply_cmd.apply)
 
 
 _register()

@@ -701,3 +701,17 @@ class NvmeCli:
         """``nvme list`` (the namespaces' block devices)."""
         result = self.run([NVME, "list", "--output-format", "json"], timeout=self.list_timeout)
         return parse_list(result.stdout) if result.stdout.strip() else []
+
+    def list_ns(self, controller: str) -> list[int]:
+        """Active namespace ids of a controller (Identify active NS list), e.g. ``nvme2``."""
+        result = self.run([NVME, "list-ns", f"/dev/{controller}"], timeout=self.list_timeout)
+        return parse_list_ns(result.stdout)
+
+
+def parse_list_ns(text: str) -> list[int]:
+    """nsids from ``nvme list-ns`` text output (``[   0]:0x1`` per line) or its JSON form."""
+    stripped = text.strip()
+    if stripped.startswith("{"):
+        data = json.loads(stripped)
+        return sorted(int(e["nsid"]) for e in data.get("nsid_list", []))
+    return sorted(int(m.group(1), 16) for m in re.finditer(r"\]\s*:\s*0x([0-9a-fA-F]+)", text))

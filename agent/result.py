@@ -1,0 +1,68 @@
+"""What a plan or an apply reports: ``{"changed", "actions", "errors"}``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+Status = Literal["planned", "done", "failed", "skipped"]
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    """One change, planned or carried out."""
+
+    role: str  # target | initiator
+    pool: str | None
+    kind: str  # e.g. lvm.lvcreate, nvmet.mkdir, nvme.connect, mkfs, mount
+    subject: str
+    detail: str = ""
+    status: Status = "planned"
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    """A problem that stopped part of the work (a pool, a port, a step)."""
+
+    role: str
+    pool: str | None
+    message: str
+    hint: str | None = None
+
+
+@dataclass
+class RunResult:
+    """The outcome of ``kvagent plan`` or ``kvagent apply``."""
+
+    dry_run: bool
+    actions: list[ActionRecord] = field(default_factory=list)
+    errors: list[ErrorRecord] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    configfs_writes: int = 0
+
+    @property
+    def changed(self) -> bool:
+        wanted = "planned" if self.dry_run else "done"
+        return any(a.status == wanted for a in self.actions)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not any(a.status == "failed" for a in self.actions)
+
+    def error(self, role: str, pool: str | None, message: str, hint: str | None = None) -> None:
+        self.errors.append(ErrorRecord(role, pool, message, hint))
+
+    def to_json(self) -> dict:
+        return {
+            "changed": self.changed,
+            "ok": self.ok,
+            "dry_run": self.dry_run,
+            "actions": [a.__dict__ for a in self.actions],
+            "errors": [e.__dict__ for e in self.errors],
+            "configfs_writes": self.configfs_writes,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+        }

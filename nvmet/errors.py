@@ -245,6 +245,29 @@ def hint_for(errno: int | None, op: str, path: str,
         return "configfs refuses an empty value (EFAULT): give a non-empty value"
     if errno == E.EPERM:
         return "configfs does not allow this here (default groups and attribute files stay)"
+    if errno == E.EEXIST:
+        if op == "symlink":
+            return "already linked (possibly under another name); nothing to do"
+        return "already exists; nothing to do (the applier counts this as success)"
+    if errno == E.ENOENT and op in ("rmdir", "unlink"):
+        return "already gone; nothing to do (the applier counts this as success)"
+    if errno == E.EISDIR and name == "enable":
+        return f"{ctx.get('device_path', 'the device_path')} is a directory, not a device or file"
+    if errno == E.EINVAL and op == "write":
+        if name == "attr_allow_any_host":
+            return "unlink every allowed_hosts entry before setting allow_any_host=1"
+        if name == "revalidate_size":
+            return "only an enabled namespace can be revalidated (write 1 after enable)"
+        if name in ("attr_cntlid_min", "attr_cntlid_max"):
+            return "attr_cntlid_min must stay <= attr_cntlid_max, both 1..65519"
+        if name == "attr_qid_max":
+            return "attr_qid_max is 1..128"
+        if name in ("device_uuid", "device_nguid"):
+            return f"{name} takes a uuid such as 3b0e5a2c-6f1d-5c8e-a7d2-6b76616765e7"
+        return (f"the kernel refused this value for {name}: check its spelling and range "
+                "(addr_trtype tcp/rdma, addr_adrfam ipv4/ipv6, ana_state optimized/...)")
+    if errno == E.EACCES and op == "read":
+        return f"{name} is write-only"
     return None
 
 

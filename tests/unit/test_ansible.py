@@ -1,0 +1,416 @@
+"""The Ansible role and playbooks: lint, syntax, and what the role renders.
+
+Everything here runs on the controller only and writes only under tmp_path:
+ansible-lint (production profile, offline), ``ansible-playbook --syntax-check``,
+the role's config tasks against the example inventory with a local connection
+(the template's ``validate`` runs this checkout's ``kvagent config validate``),
+its identity tasks against a scratch ``nvme_dir``, and the source packer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE = REPO / "ansible"
+ROLE = ANSIBLE / "roles" / "kvagent"
+EXAMPLE = ANSIBLE / "inventory" / "example"
+VENV_BIN = Path(sys.executable).parent
+STORAGE = ("stor-01", "stor-02")
+GPUS = ("gpu-01", "gpu-02", "gpu-03")
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0,
+                                reason="the identity tasks chown their files to root")
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    """Ansible confined to tmp (no ~/.ansible), offline, uncoloured, this venv's tools."""
+    env = dict(os.environ)
+    env.update({
+        "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+        "HOME": str(tmp / "home"),
+        "ANSIBLE_HOME": str(tmp / "ansible-home"),
+        "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-local"),
+        "ANSIBLE_REMOTE_TEMP": str(tmp / "ansible-remote"),
+        "ANSIBLE_ROLES_PATH": str(ANSIBLE / "roles"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+        "NO_COLOR": "1",
+        "XDG_CACHE_HOME": str(tmp / "cache"),
+        "ANSIBLE_LINT_OFFLINE": "1",
+    })
+    env.pop("ANSIBLE_CONFIG", None)
+    (tmp / "home").mkdir(exist_ok=True)
+    return env
+
+
+def _run(argv: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=REPO, env=_env(tmp), capture_output=True, text=True,
+                          timeout=600, check=False)
+
+
+def _playbook(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return _run([str(VENV_BIN / "ansible-playbook"), *args], tmp)
+
+
+def _load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def _uuid_nqn() -> str:
+    return f"nqn.2014-08.org.nvmexpress:uuid:{uuid.uuid4()}"
+
+
+# --- lint and syntax ------------------------------------------------------------------
+
+
+def _lint(path: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
+    return _run([str(VENV_BIN / "ansible-lint"), "--offline", "--profile", "production",
+                 "-c", str(path / ".ansible-lint"), str(path)], tmp)
+
+
+def test_ansible_lint_production_profile_passes(tmp_path: Path) -> None:
+    result = _lint(ANSIBLE, tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "Profile 'production' was required, and it passed" in output, output
+
+
+def test_ansible_lint_sees_the_role(tmp_path: Path) -> None:
+    """The lint run above is not vacuous: a violation planted in the role fails it."""
+    copy = tmp_path / "ansible"
+    subprocess.run(["cp", "-a", str(ANSIBLE), str(copy)], check=True)
+    with (copy / "roles/kvagent/tasks/platform.yml").open("a") as f:
+        f.write("\n- name: Planted violation\n  ansible.builtin.command: echo hi\n")
+    result = _lint(copy, tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "no-changed-when" in output and "roles/kvagent/tasks/platform.yml" in output, output
+
+
+@pytest.mark.parametrize(("playbook", "inventory"), [
+    ("site.yml", "inventory/example"),
+    ("tests/localhost.yml", "tests/inventory.yml"),
+])
+def test_playbook_syntax(tmp_path: Path, playbook: str, inventory: str) -> None:
+    result = _playbook(tmp_path, "--syntax-check", "-i", str(ANSIBLE / inventory),
+                       str(ANSIBLE / playbook))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- the rendered configuration ---------------------------------------------------------
+
+RENDER_PLAY = """\
+- name: Render kvagent.yaml with the role's config tasks
+  hosts: {hosts}
+  gather_facts: false
+  vars:
+    kvagent_venv: {venv}
+    kvagent_config_dir: {out}/{{{{ inventory_hostname }}}}
+    kvagent_manage_service: false
+  tasks:
+    - name: Render
+      ansible.builtin.import_role:
+        name: kvagent
+        tasks_from: config.yml
+"""
+
+
+def _render(tmp: Path, hosts: str, overlay: dict, inventory: Path = EXAMPLE,
+            limit: str | None = None) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run the role's config tasks for ``hosts`` of ``inventory`` plus ``overlay`` host vars."""
+    out = tmp / "out"
+    play = tmp / "render.yml"
+    play.write_text(RENDER_PLAY.format(hosts=hosts, venv=Path(sys.prefix), out=out))
+    # host_vars files of a later inventory source override the example's host_vars files
+    extra = tmp / "overlay"
+    (extra / "host_vars").mkdir(parents=True)
+    (extra / "hosts.yml").write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
+        "hosts": dict.fromkeys(overlay),
+    }}))
+    for host, host_vars in overlay.items():
+        (extra / "host_vars" / f"{host}.yml").write_text(yaml.safe_dump(host_vars))
+    args = ["-i", str(inventory), "-i", str(extra), str(play)]
+    if limit:
+        args[:0] = ["--limit", limit]
+    return _playbook(tmp, *args), out
+
+
+def _validate(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(VENV_BIN / "kvagent"), "-c", str(path), "config", "validate"],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The example inventory rendered for every host; GPU host NQNs are fresh uuids."""
+    tmp = tmp_path_factory.mktemp("example")
+    nqns = {gpu: _uuid_nqn() for gpu in GPUS}
+    result, out = _render(tmp, "kv_storage:kv_gpu",
+                          {gpu: {"kvagent_hostnqn": nqn} for gpu, nqn in nqns.items()})
+    assert result.returncode == 0, result.stdout + result.stderr
+    return {"nqns": nqns, "out": out}
+
+
+def _expected_targets(gpu: str) -> dict[str, list[dict]]:
+    """What the derivation should give ``gpu``, worked out here from the inventory files.
+
+    Per storage host whose pool lists the GPU host: the pool's ports that use the
+    GPU host's most preferred transport (kvagent_initiator_transports) offered.
+    """
+    gpu_vars = {**_load(EXAMPLE / "group_vars/kv_gpu.yml")}
+    host_file = EXAMPLE / "host_vars" / f"{gpu}.yml"
+    if host_file.exists():
+        gpu_vars.update(_load(host_file))
+    prefs = gpu_vars["kvagent_initiator_transports"]
+    expected: dict[str, list[dict]] = {}
+    for storage in STORAGE:
+        svars = _load(EXAMPLE / "host_vars" / f"{storage}.yml")
+        ports = {p["name"]: p for p in svars["kvagent_target_ports"]}
+        for pool in svars["kvagent_target_pools"]:
+            if gpu not in pool["hosts"]:
+                continue
+            offered = [ports[name] for name in pool["ports"]]
+            best = min(offered, key=lambda p: prefs.index(p["transport"])
+                       if p["transport"] in prefs else len(prefs))
+            expected.setdefault(pool["name"], []).append(
+                {"transport": best["transport"], "address": best["address"],
+                 "service": best["service"]})
+    return expected
+
+
+@pytest.mark.parametrize("host", STORAGE + GPUS)
+def test_rendered_config_is_valid(example: dict, host: str) -> None:
+    path = example["out"] / host / "kvagent.yaml"
+    result = _validate(path)
+    assert result.returncode == 0, result.stderr
+    assert f"node {host}" in result.stdout
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_gpu_pools_are_derived_from_storage_ports(example: dict, gpu: str) -> None:
+    config = _load(example["out"] / gpu / "kvagent.yaml")
+    assert "target" not in config
+    pools = {p["name"]: p for p in config["initiator"]["pools"]}
+    expected = _expected_targets(gpu)
+    assert expected, f"the example inventory gives {gpu} no pool"
+    assert {name: p["targets"] for name, p in pools.items()} == expected
+    settings = _load(EXAMPLE / "group_vars/kv_gpu.yml")["kvagent_initiator_pool_settings"]
+    for name, pool in pools.items():
+        assert pool["mount"] == f"/var/lib/kvcache/{name}"
+        for key, value in settings[name].items():
+            assert pool[key] == value
+
+
+def test_gpu_01_draws_llama70b_from_both_storage_hosts(example: dict) -> None:
+    """Two storage hosts serve one pool: one target each, RDMA where offered."""
+    config = _load(example["out"] / "gpu-01" / "kvagent.yaml")
+    (pool,) = config["initiator"]["pools"]
+    stor1 = {p["name"]: p for p in _load(EXAMPLE / "host_vars/stor-01.yml")["kvagent_target_ports"]}
+    stor2 = {p["name"]: p for p in _load(EXAMPLE / "host_vars/stor-02.yml")["kvagent_target_ports"]}
+    assert [(t["transport"], t["address"]) for t in pool["targets"]] == [
+        ("rdma", stor1["roce0"]["address"]), ("tcp", stor2["tcp0"]["address"])]
+
+
+@pytest.mark.parametrize("storage", STORAGE)
+def test_storage_pools_admit_the_gpu_hosts_by_their_nqn(example: dict, storage: str) -> None:
+    config = _load(example["out"] / storage / "kvagent.yaml")
+    source = _load(EXAMPLE / "host_vars" / f"{storage}.yml")
+    assert "initiator" not in config
+    assert config["target"]["ports"] == source["kvagent_target_ports"]
+    for rendered, pool in zip(config["target"]["pools"], source["kvagent_target_pools"],
+                              strict=True):
+        assert rendered["hosts"] == [{"name": h, "nqn": example["nqns"][h]}
+                                     for h in pool["hosts"]]
+        assert {k: v for k, v in rendered.items() if k != "hosts"} == {
+            k: v for k, v in pool.items() if k != "hosts"}
+
+
+def test_test_inventory_renders_a_converged_host(tmp_path: Path) -> None:
+    """tests/inventory.yml (the VM run): one host exports a pool and attaches it itself."""
+    nqn = _uuid_nqn()
+    result, out = _render(tmp_path, "kvtest", {"kvtest": {"kvagent_hostnqn": nqn}},
+                          inventory=ANSIBLE / "tests" / "inventory.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    inventory = _load(ANSIBLE / "tests" / "inventory.yml")["all"]["hosts"]["kvtest"]
+    path = out / "kvtest" / "kvagent.yaml"
+    assert _validate(path).returncode == 0
+    config = _load(path)
+    (port,) = inventory["kvagent_target_ports"]
+    assert config["target"]["pools"][0]["hosts"] == [{"name": "kvtest", "nqn": nqn}]
+    assert config["initiator"]["pools"][0]["targets"] == [
+        {"transport": port["transport"], "address": port["address"], "service": port["service"]}]
+    assert config["node"]["state_dir"].startswith("/tmp/")
+    assert config["initiator"]["pools"][0]["mount"].startswith("/tmp/")
+
+
+def test_inconsistent_inventories_fail_with_clear_messages(tmp_path: Path) -> None:
+    """Unknown GPU NQN, no common transport, and a config kvagent refuses: each host fails."""
+    overlay = {
+        "gpu-01": {"kvagent_hostnqn": _uuid_nqn()},
+        # gpu-02's NQN is unknown: stor-01 cannot admit it
+        "gpu-03": {"kvagent_hostnqn": _uuid_nqn(), "kvagent_initiator_transports": ["rdma"]},
+        "stor-02": {"kvagent_health_interval": "0s"},
+    }
+    result, out = _render(tmp_path, "kv_storage:kv_gpu", overlay,
+                          limit="stor-01,stor-02,gpu-03")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert re.search(r"stor-01.*the host NQN of gpu-02 is unknown", output), output
+    assert re.search(r"gpu-03.*stor-02 exports pool qwen72b to this host, but none of the "
+                     r"pool's ports \(tcp0\) uses a transport in kvagent_initiator_transports "
+                     r"\(rdma\)", output), output
+    assert re.search(r"stor-02.*health\.interval: must be at least 1s", output), output
+    for host in ("stor-01", "stor-02", "gpu-03"):
+        assert not (out / host / "kvagent.yaml").exists(), host
+
+
+# --- host identity --------------------------------------------------------------------
+
+IDENTITY_PLAY = """\
+- name: Ensure identities
+  hosts: all
+  gather_facts: false
+  vars:
+    kvagent_nvme_dir: {nvme}/{{{{ inventory_hostname }}}}
+  tasks:
+    - name: Identity
+      ansible.builtin.include_role:
+        name: kvagent
+        tasks_from: identity.yml
+    - name: Unique
+      ansible.builtin.include_role:
+        name: kvagent
+        tasks_from: identity_unique.yml
+    - name: Report
+      ansible.builtin.debug:
+        msg: >-
+          IDENTITY {{{{ inventory_hostname }}}} {{{{ kvagent_hostnqn }}}}
+          {{{{ kvagent_hostid }}}}
+"""
+
+
+def _identity(tmp: Path, hosts: dict) -> tuple[subprocess.CompletedProcess[str], Path]:
+    nvme = tmp / "nvme"
+    play = tmp / "identity.yml"
+    play.write_text(IDENTITY_PLAY.format(nvme=nvme))
+    inventory = tmp / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
+        "hosts": hosts,
+    }}))
+    return _playbook(tmp, "-i", str(inventory), str(play)), nvme
+
+
+def _reported(output: str) -> dict[str, tuple[str, str]]:
+    return {m[0]: (m[1], m[2]) for m in re.findall(r"IDENTITY (\S+) (\S+) ([^\s\"]+)", output)}
+
+
+@needs_root
+def test_identity_is_generated_where_missing_and_kept_where_present(tmp_path: Path) -> None:
+    existing_nqn = "nqn.2014-08.org.example:host-b"  # not uuid-shaped, no trailing newline
+    existing_id = str(uuid.uuid4())
+    nvme = tmp_path / "nvme"
+    (nvme / "b").mkdir(parents=True)
+    (nvme / "b" / "hostnqn").write_text(existing_nqn)
+    (nvme / "b" / "hostid").write_text(existing_id)
+    pinned = _uuid_nqn()
+    result, _ = _identity(tmp_path, {"a": {}, "b": {}, "c": {"kvagent_hostnqn": pinned}})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    seen = _reported(output)
+    # a: generated by nvme gen-hostnqn; the host ID is the NQN's uuid
+    nqn_a = (nvme / "a" / "hostnqn").read_text().strip()
+    assert re.fullmatch(r"nqn\.2014-08\.org\.nvmexpress:uuid:[0-9a-f-]{36}", nqn_a)
+    assert (nvme / "a" / "hostid").read_text().strip() == nqn_a.rsplit(":", 1)[1]
+    assert seen["a"] == (nqn_a, nqn_a.rsplit(":", 1)[1])
+    # b: existing files untouched, byte for byte
+    assert (nvme / "b" / "hostnqn").read_text() == existing_nqn
+    assert (nvme / "b" / "hostid").read_text() == existing_id
+    assert seen["b"] == (existing_nqn, existing_id)
+    # c: written from the inventory
+    assert (nvme / "c" / "hostnqn").read_text() == pinned + "\n"
+    assert seen["c"] == (pinned, pinned.rsplit(":", 1)[1])
+
+
+@needs_root
+def test_identity_differing_from_inventory_is_not_overwritten(tmp_path: Path) -> None:
+    nvme = tmp_path / "nvme" / "a"
+    nvme.mkdir(parents=True)
+    on_disk = _uuid_nqn()
+    (nvme / "hostnqn").write_text(on_disk + "\n")
+    result, _ = _identity(tmp_path, {"a": {"kvagent_hostnqn": _uuid_nqn()}})
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"hostnqn on a holds {on_disk}" in output, output
+    assert "kvagent_identity_overwrite" in output
+    assert (nvme / "hostnqn").read_text() == on_disk + "\n"
+
+
+@needs_root
+def test_shared_identities_fail_naming_the_hosts(tmp_path: Path) -> None:
+    """Cloned images: the pre-flight check names every host sharing an NQN or host ID."""
+    cloned = _uuid_nqn()
+    result, _ = _identity(tmp_path, {
+        "gpu-a": {"kvagent_hostnqn": cloned},
+        "gpu-b": {"kvagent_hostnqn": cloned},
+        "gpu-c": {"kvagent_hostnqn": _uuid_nqn()},
+    })
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"gpu-a has the same hostnqn ({cloned}) as gpu-b" in output, output
+    assert f"gpu-b has the same hostnqn ({cloned}) as gpu-a" in output, output
+    assert "gpu-a has the same hostid" in output
+    assert "gpu-c has the same" not in output
+
+
+# --- the source packer ----------------------------------------------------------------
+
+
+def _pack(source: Path, out: Path, *paths: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROLE / "files" / "pack_source.py"), str(source),
+                           str(out), *paths], capture_output=True, text=True, check=False)
+
+
+def test_pack_source_is_reproducible_and_skips_caches(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "agent" / "__pycache__").mkdir(parents=True)
+    (src / "agent" / "sub").mkdir()
+    (src / "build").mkdir()
+    (src / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (src / "agent" / "__init__.py").write_text("")
+    (src / "agent" / "sub" / "mod.py").write_text("A = 1\n")
+    (src / "agent" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\0")
+    (src / "agent" / ".hidden").write_text("x")
+    assert _pack(src, tmp_path / "one.tar", "pyproject.toml", "agent").returncode == 0
+    # new cache files, newer mtimes: same bytes
+    (src / "agent" / "sub" / "__pycache__").mkdir()
+    (src / "agent" / "sub" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\1")
+    os.utime(src / "agent" / "sub" / "mod.py", (2_000_000_000, 2_000_000_000))
+    assert _pack(src, tmp_path / "two.tar", "pyproject.toml", "agent").returncode == 0
+    assert (tmp_path / "one.tar").read_bytes() == (tmp_path / "two.tar").read_bytes()
+    with tarfile.open(tmp_path / "one.tar") as tar:
+        assert tar.getnames() == ["pyproject.toml", "agent", "agent/__init__.py", "agent/sub",
+                                  "agent/sub/mod.py"]
+        assert {(m.uid, m.gid) for m in tar.getmembers()} == {(0, 0)}
+    # a changed source: different bytes
+    (src / "agent" / "sub" / "mod.py").write_text("A = 2\n")
+    assert _pack(src, tmp_path / "three.tar", "pyproject.toml", "agent").returncode == 0
+    assert (tmp_path / "three.tar").read_bytes() != (tmp_path / "one.tar").read_bytes()
+
+
+def test_pack_source_refuses_missing_paths(tmp_path: Path) -> None:
+    result = _pack(tmp_path, tmp_path / "x.tar", "pyproject.toml")
+    assert result.returncode == 2
+    assert "pyproject.toml" in result.stderr
+    assert not (tmp_path / "x.tar").exists()

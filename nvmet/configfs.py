@@ -86,17 +86,13 @@ class RealConfigFS:
         return str(self.root / path) if path else str(self.root)
 
     def read(self, path: str) -> str:
+        # configfs fills the whole value (at most one page) on the first read: one call.
         fd = os.open(self._abs(path), os.O_RDONLY)
         try:
-            chunks = []
-            while True:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
+            data = os.read(fd, 65536)
         finally:
             os.close(fd)
-        return b"".join(chunks).decode("utf-8", "replace").rstrip("\n")
+        return data.decode("utf-8", "replace").rstrip("\n")
 
     def write(self, path: str, value: str) -> None:
         self.writes += 1

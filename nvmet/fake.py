@@ -154,6 +154,7 @@ class Op:
     path: str
     value: str | None = None
     errno: int | None = None
+    changed: bool | None = None  # writes: did the stored value change?
 
 
 def _err(code: int, path: str) -> OSError:
@@ -248,6 +249,7 @@ class FakeConfigFS:
         self._rng = random.Random(seed)  # noqa: S311 (test ids, not secrets)
         self._session_created = False
         self._session_exported: set[str] = set()
+        self._changed: bool | None = None
         self.root = _Dir("root", default=True)
         self._add_defaults(self.root, "root")
 
@@ -352,12 +354,13 @@ class FakeConfigFS:
         self.writes += 1
         if self.check_order:
             self._check_order(op, path)
+        self._changed: bool | None = None
         try:
             fn(path, value)
         except OSError as exc:
             self.ops.append(Op(op, path, value, exc.errno))
             raise
-        self.ops.append(Op(op, path, value))
+        self.ops.append(Op(op, path, value, changed=self._changed))
         if op in ("mkdir", "symlink"):
             self._session_created = True
         if op == "symlink":
@@ -587,6 +590,7 @@ class FakeConfigFS:
             raise _err(E.EFAULT, path)
         store = getattr(self, f"_store_{parent.kind}", None)
         new = store(parent, path, name, value) if store else value.rstrip("\n")
+        self._changed = new is not None and new != node.value
         if new is not None:
             node.value = new
 

@@ -444,7 +444,7 @@ class _Planner:
             out.append(Action("write", enable_key, "1", description=f"enable {label}",
                               after=frozenset(write_keys | after), context=ctx))
             self.enable_keys[(nqn, ns.nsid)] = enable_key
-        elif not final_enable and live_enabled:
+        elif not final_enable and live_enabled and not needs_disable:
             out.append(Action("write", enable_key, "0", description=f"disable {label}"))
 
     def _plan_port(self, pid: int, port: Port, lport: Port | None) -> None:

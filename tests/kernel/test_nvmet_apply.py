@@ -7,18 +7,22 @@ host's controller ``live`` throughout.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agent.cli.main import main
 from nvmet.applier import apply
 from nvmet.configfs import RealConfigFS
 from nvmet.ids import namespace_nguid, namespace_uuid
 from nvmet.model import Host, Namespace, Port, Referral, Subsystem, Tree
+from nvmet.nvmetcli import loads
 from nvmet.planner import Scope, plan
 from nvmet.reader import read
 from tests.unit.nvmet.errno_table import wipe
@@ -123,6 +127,13 @@ def test_fixed_create_change_delete(kfs, universe) -> None:
     assert result.ok, result.failed
     cold = full_tree(universe, host)
     converge(kfs, cold, scope)
+    # the CLI reads the same tree from the real configfs (write-only files and all)
+    res = CliRunner().invoke(main, ["-o", "json", "target", "show", "--configfs",
+                                    str(kit.NVMET.parent)])
+    assert res.exit_code == 0, res.output
+    assert NQN in {s["nqn"] for s in json.loads(res.output)["subsystems"]}
+    res = CliRunner().invoke(main, ["target", "export", "--configfs", str(kit.NVMET.parent)])
+    assert res.exit_code == 0 and loads(res.output) == read(kfs)
     # device change on an enabled namespace, port address change, a namespace removed
     changed = Tree(
         hosts=cold.hosts,

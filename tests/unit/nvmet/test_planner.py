@@ -125,6 +125,12 @@ def test_ana_grpid_changes_without_disabling() -> None:
     assert steps(actions) == [("write", f"subsystems/{S}/namespaces/1/ana_grpid", "2")]
 
 
+def test_device_change_and_disable_writes_enable_once() -> None:
+    fs = built(pool())
+    actions = plan(pool(Namespace(1, device_path="/dev/nullb1", enable=False)), read(fs), SCOPE)
+    assert [a.value for a in actions] == ["0", "/dev/nullb1"]
+
+
 def test_disable_only() -> None:
     fs = built(pool())
     actions = plan(pool(Namespace(1, enable=False)), read(fs), SCOPE)

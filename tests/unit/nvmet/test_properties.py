@@ -67,6 +67,13 @@ def test_apply_converges_in_scope_and_leaves_foreign_alone(live, desired, foreig
     assert foreign_part(after, SCOPE) == foreign_part(before, SCOPE)
     assert touches_foreign([op.path for op in fs.ops], SCOPE) == []
     assert result.writes == len(actions) == len(fs.ops)
+    # only differing attributes are written: every write changes the stored value
+    # (except on objects this plan just created, whose defaults it may restate)
+    created = {op.path for op in fs.ops if op.op == "mkdir"}
+    redundant = [op for op in fs.ops if op.op == "write" and not op.changed
+                 and not any(op.path.startswith(c + "/") for c in created)
+                 and not op.path.endswith("/revalidate_size")]
+    assert redundant == []
 
     again = plan(desired, after, SCOPE)
     assert again == []

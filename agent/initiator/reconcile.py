@@ -163,7 +163,15 @@ class InitiatorPass:
 
     def _attach(self, pool: InitiatorPool, hostnqn: str,
                 hostid: str | None) -> dict[str, Any] | None:
-        attachments = self._subsystems(pool, hostnqn, hostid)
+        try:
+            attachments = self._subsystems(pool, hostnqn, hostid)
+        except KvagentError as exc:
+            if not self.dry_run:
+                raise
+            # Planning: the target may only come up with this very apply (converged host).
+            self._act(pool.name, "nvme.connect", pool.name,
+                      f"after discovery; not possible to check now: {exc.message}")
+            return None
         options = FabricsOptions.from_config(pool.connect)
         devices: list[NamespaceDevice] = []
         for a in attachments:

@@ -39,6 +39,26 @@ def read_manifest(directory: Path) -> dict:
     return read_json(directory / MANIFEST, {"files": {}})
 
 
+#: Filesystems whose files nvmet cannot export: on overlayfs the inode's block size
+#: is 0, so nvmet reports 1-byte blocks and the host sees a 0-sized device (seen on 6.1).
+UNUSABLE_FILESYSTEMS = {"overlay": "nvmet reports a 1-byte block size for files on overlayfs, "
+                                   "so hosts see an empty device"}
+
+
+def filesystem_type(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> str | None:
+    """Type of the filesystem holding ``path`` (the longest mount point that contains it)."""
+    from ..initiator.mounts import read_mounts
+
+    real = os.path.realpath(path)
+    best: tuple[int, str] | None = None
+    for m in read_mounts(mountinfo):
+        mp = m.mount_point.rstrip("/") or "/"
+        if (real == mp or real.startswith(mp.rstrip("/") + "/")) and (
+                best is None or len(mp) >= best[0]):
+            best = (len(mp), m.fstype)
+    return best[1] if best else None
+
+
 def supports_odirect(directory: Path) -> tuple[bool, str]:
     """Whether files in ``directory`` accept an aligned O_DIRECT write (and why not)."""
     probe = directory / ".kvagent-odirect-probe"
@@ -103,6 +123,12 @@ def plan_file(pool: TargetPool, hosts: list[str | None]) -> BackingPlan:
     directory = pool_dir(backing, pool.name)
     # Probe the nearest existing directory: planning creates nothing.
     probe_dir = next(p for p in (directory, *directory.parents) if p.is_dir())
+    fstype = filesystem_type(probe_dir)
+    if fstype in UNUSABLE_FILESYSTEMS:
+        plan.errors.append(f"pool {pool.name}: {probe_dir} is on {fstype}: "
+                           f"{UNUSABLE_FILESYSTEMS[fstype]}; put the pool's files on a "
+                           "local filesystem (xfs, ext4) or tmpfs")
+        return plan
     if not backing.buffered_io:
         ok, why = supports_odirect(probe_dir)
         if not ok:

@@ -67,13 +67,14 @@ def main(ctx: click.Context, config_file: str | None, output: str, verbose: int)
 
 
 def _register() -> None:
-    from . import apply_cmd, bench_cmd, config_cmd, target_cmd
+    from . import apply_cmd, bench_cmd, config_cmd, pool_cmd, target_cmd
 
     main.add_command(config_cmd.config_group)
     main.add_command(target_cmd.target_group)
     main.add_command(bench_cmd.bench)
     main.add_command(apply_cmd.plan)
     main.add_command(apply_cmd.apply)
+    main.add_command(pool_cmd.pool_group)
 
 
 _register()

@@ -1,0 +1,65 @@
+"""``kvagent pool list`` and ``kvagent pool destroy``."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..system.run import default_runner
+from ..target.inventory import destroy_pool, list_pools
+from .context import load_cli_config
+from .output import emit, table
+
+
+@click.group("pool")
+def pool_group() -> None:
+    """Storage-host pools: list them, destroy an unexported one's data."""
+
+
+@pool_group.command("list")
+def pool_list() -> None:
+    """Pools in the config or in kvagent's records, with what is exported now."""
+    pools = list_pools(load_cli_config())
+
+    def text(rows: list[dict]) -> str:
+        if not rows:
+            return "no target pools"
+        body = []
+        for p in rows:
+            b = p["backing"] or {}
+            where = b.get("volume_group") or b.get("directory") or ", ".join(b.get("devices", []))
+            ns = sum(s["namespaces"] for s in p["subsystems"])
+            en = sum(s["enabled"] for s in p["subsystems"])
+            state = "exported" if p["exported"] else (
+                "configured, not exported" if p["configured"] else "unexported (data kept)")
+            body.append([p["name"], b.get("kind", "?"), where, ",".join(p["hosts"]) or "-",
+                         f"{en}/{ns}", state])
+        return table(body, ["POOL", "BACKING", "WHERE", "HOSTS", "NS ENABLED", "STATE"])
+
+    emit({"pools": pools}, lambda d: text(d["pools"]))
+
+
+@pool_group.command("destroy")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Really delete (without it: show what would go).")
+def pool_destroy(name: str, yes: bool) -> None:
+    """Delete the LVs or files of pool NAME (only what kvagent owns).
+
+    The pool must be gone from the config and unexported (kvagent apply) first.
+    Whole devices are released from kvagent's claims, never wiped.
+    """
+    result = destroy_pool(load_cli_config(), name, default_runner(), yes=yes)
+
+    def text(r: dict) -> str:
+        verb = "deleted" if r["destroyed"] else "would delete"
+        lines = [f"{verb}: {x}" for x in r["logical_volumes"] + r["files"]]
+        lines += [f"{'released' if r['destroyed'] else 'would release'} claim (not wiped): {d}"
+                  for d in r["device_claims"]]
+        if not r["destroyed"]:
+            lines.append("nothing deleted: pass --yes to destroy")
+        return "\n".join(lines or [f"pool {r['pool']}: nothing to delete"])
+
+    emit(result, text)
+    if not yes:
+        sys.exit(2)

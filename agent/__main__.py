@@ -1,0 +1,5 @@
+"""``python -m agent`` runs the kvagent command line."""
+
+from agent.cli.main import main
+
+main()

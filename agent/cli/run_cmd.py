@@ -1,0 +1,45 @@
+"""``kvagent run`` and ``kvagent status``."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..config import config_path
+from ..daemon import Agent
+from ..health.collect import collect
+from ..health.snapshot import exit_code
+from ..health.status import render_status_text, to_status_json
+from ..system.run import default_runner
+from .context import load_cli_config
+from .output import emit
+
+
+@click.command("run")
+@click.pass_context
+def run(ctx: click.Context) -> None:
+    """Run the agent: apply at start and on an interval, serve /metrics, /healthz, /readyz.
+
+    SIGHUP re-reads the config (a broken one is refused, the old one keeps
+    running); SIGTERM stops the agent and leaves exports, connections and mounts
+    in place. Speaks systemd's notify protocol when $NOTIFY_SOCKET is set.
+    """
+    cfg = load_cli_config()
+    path = str(config_path(ctx.find_root().obj.get("config_file")))
+    agent = Agent(path, cfg)
+    agent.install_signals()
+    sys.exit(agent.run())
+
+
+@click.command("status")
+@click.option("--no-drives", is_flag=True, help="Skip the local drives' smart-log.")
+def status(no_drives: bool) -> None:
+    """Health of every pool on this host, its controllers and drives.
+
+    Exit 0 healthy, 1 degraded or failed, 2 bad config.
+    """
+    cfg = load_cli_config()
+    snap = collect(cfg, default_runner(), drives=not no_drives)
+    emit(to_status_json(snap), lambda _: render_status_text(snap))
+    sys.exit(exit_code(snap))

@@ -1,0 +1,231 @@
+"""``kvagent run``: the long-running agent.
+
+A reconcile pass at start, then on an interval; a health collect on udev
+events for nvme and block devices (a pyudev monitor feeds the loop; the
+periodic pass is the full resync, since netlink can drop events); SIGHUP
+re-reads the config (an invalid one keeps the old config running and is
+reported); SIGTERM/SIGINT stop the loop and NEVER tear anything down: exports,
+connections and mounts outlive the agent. systemd's notify protocol:
+``READY=1`` after the first pass, ``STATUS=``, ``WATCHDOG=1`` from the loop,
+``RELOADING=1``/``READY=1`` around reloads, ``STOPPING=1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .config import Config, ConfigError, load_config
+from .errors import KvagentError
+from .health import notify
+from .health.collect import collect
+from .health.metrics import write_textfile
+from .health.server import HealthServer, SnapshotStore
+from .health.snapshot import ApplySummary, LoopCounters, Snapshot, overall_state
+from .lock import Busy
+from .log import get_logger
+from .reconcile import run_pass
+from .system.run import Runner, default_runner
+
+log = get_logger("daemon")
+#: Udev events closer together than this are handled by one collect.
+UDEV_DEBOUNCE = 0.5
+
+
+class UdevFeed:
+    """Puts ``"udev"`` on the loop's queue for nvme/block device events (if pyudev works)."""
+
+    def __init__(self, events: queue.Queue[str]):
+        self.events = events
+        self._observer: Any = None
+
+    def start(self) -> None:
+        try:
+            import pyudev
+
+            context = pyudev.Context()
+            monitor = pyudev.Monitor.from_netlink(context)
+            monitor.filter_by("block")
+            monitor.filter_by("nvme")
+            self._observer = pyudev.MonitorObserver(
+                monitor, callback=lambda device: self.events.put("udev"), name="kvagent-udev")
+            self._observer.start()
+        except Exception as exc:  # no udev: the interval resync still runs
+            log.warning("udev monitor unavailable; relying on the interval", error=str(exc))
+            self._observer = None
+
+    def stop(self) -> None:
+        if self._observer is not None:
+            self._observer.send_stop()
+
+
+class Agent:
+    """The loop's state: config, counters, the snapshot store and the HTTP server."""
+
+    def __init__(self, config_path: str | None, cfg: Config, *, runner: Runner | None = None,
+                 notifier: notify.Notifier | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.config_path = config_path
+        self.cfg = cfg
+        self.runner = runner or default_runner()
+        self.notifier = notifier or notify.Notifier()
+        self.clock = clock
+        self.store = SnapshotStore()
+        self.events: queue.Queue[str] = queue.Queue()
+        self.counters = LoopCounters()
+        self.config_error: str | None = None
+        self.last_apply: ApplySummary | None = None
+        self.server: HealthServer | None = None
+        self.stopping = threading.Event()
+
+    # ----------------------------------------------------------------- signals
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGHUP, lambda *_: self.events.put("reload"))
+        signal.signal(signal.SIGTERM, lambda *_: self.events.put("stop"))
+        signal.signal(signal.SIGINT, lambda *_: self.events.put("stop"))
+
+    # ------------------------------------------------------------------- steps
+    def reconcile(self) -> None:
+        """One apply pass (never raises) and a fresh snapshot."""
+        started = time.time()
+        try:
+            result = run_pass(self.cfg, dry_run=False, runner=self.runner)
+        except Busy as exc:
+            log.info("apply skipped: another apply holds the lock", detail=str(exc))
+            self.collect()
+            return
+        except (KvagentError, OSError) as exc:
+            log.error("apply pass failed", error=str(exc))
+            self.counters = dataclasses.replace(
+                self.counters, apply_runs=self.counters.apply_runs + 1,
+                apply_failures=self.counters.apply_failures + 1)
+            self.last_apply = ApplySummary(time.time(), False, 0, 1, time.time() - started)
+            self.collect()
+            return
+        failed = sum(1 for a in result.actions if a.status == "failed") + len(result.errors)
+        self.counters = dataclasses.replace(
+            self.counters, apply_runs=self.counters.apply_runs + 1,
+            apply_failures=self.counters.apply_failures + (0 if result.ok else 1))
+        self.last_apply = ApplySummary(
+            result.finished_at or time.time(), result.ok,
+            sum(1 for a in result.actions if a.status == "done"), failed,
+            (result.finished_at or time.time()) - started)
+        for e in result.errors:
+            log.warning("apply problem", role=e.role, pool=e.pool, error=e.message, hint=e.hint)
+        self.collect()
+
+    def collect(self) -> Snapshot:
+        """Collect a snapshot, store it, write the textfile, report STATUS= to systemd."""
+        try:
+            snap = collect(self.cfg, self.runner, last_apply=self.last_apply,
+                           counters=self.counters, config_error=self.config_error)
+        except Exception as exc:  # the loop must survive a collector bug
+            log.error("health collect failed", error=f"{type(exc).__name__}: {exc}")
+            previous = self.store.get()
+            snap = (previous.ticked(taken_at=time.time(), tick_at=self.clock())
+                    if previous else Snapshot(time.time(), self.clock(), self.cfg.node.name,
+                                              config_error=self.config_error,
+                                              counters=self.counters))
+        self.store.set(snap)
+        if self.cfg.health.textfile:
+            try:
+                write_textfile(self.cfg.health.textfile, snap)
+            except OSError as exc:
+                log.warning("cannot write the metrics textfile", path=self.cfg.health.textfile,
+                            error=str(exc))
+        not_ready = [p.name for p in snap.pools if not p.ready]
+        self.notifier.status(f"{overall_state(snap)}; {len(snap.pools)} pool(s)"
+                             + (f", not ready: {', '.join(not_ready)}" if not_ready else ""))
+        return snap
+
+    def reload(self) -> None:
+        """Re-read the config; keep the old one when the new one is invalid."""
+        self.notifier.reloading()
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as exc:
+            self.config_error = str(exc)
+            self.counters = dataclasses.replace(
+                self.counters, config_reloads=self.counters.config_reloads + 1,
+                config_reload_failures=self.counters.config_reload_failures + 1)
+            log.error("config reload refused; the old config keeps running", error=str(exc))
+            self.collect()
+            self.notifier.ready()
+            return
+        old_listen = self.cfg.health.listen
+        self.cfg = new
+        self.config_error = None
+        self.counters = dataclasses.replace(self.counters,
+                                            config_reloads=self.counters.config_reloads + 1)
+        log.info("config reloaded", path=self.config_path)
+        if new.health.listen != old_listen:
+            self._restart_server()
+        self.reconcile()
+        self.notifier.ready()
+
+    def _restart_server(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+        self.server = HealthServer.from_listen(self.store, self.cfg.health.listen,
+                                               interval=self.cfg.health.interval).start()
+
+    # -------------------------------------------------------------------- loop
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; returns the exit code (0)."""
+        self._restart_server()
+        udev = UdevFeed(self.events)
+        udev.start()
+        try:
+            self.notifier.watchdog()
+            self.reconcile()
+            self.notifier.ready()
+            log.info("agent ready", pools=len(self.store.get().pools) if self.store.get() else 0)
+            next_pass = self.clock() + self.cfg.health.interval
+            while True:
+                self.notifier.watchdog()
+                timeout = max(0.0, next_pass - self.clock())
+                wd = self.notifier.watchdog_interval()
+                if wd:
+                    timeout = min(timeout, wd / 2)
+                try:
+                    event = self.events.get(timeout=timeout)
+                except queue.Empty:
+                    event = "tick"
+                if event == "stop":
+                    break
+                if event == "reload":
+                    self.reload()
+                    next_pass = self.clock() + self.cfg.health.interval
+                elif event == "udev":
+                    self._drain_udev()
+                    self.collect()
+                elif self.clock() >= next_pass:
+                    self.reconcile()
+                    next_pass = self.clock() + self.cfg.health.interval
+                else:  # woke up for the watchdog only: keep /healthz fresh
+                    snap = self.store.get()
+                    if snap is not None:
+                        self.store.set(snap.ticked(taken_at=time.time(), tick_at=self.clock()))
+        finally:
+            self.notifier.stopping()
+            udev.stop()
+            if self.server is not None:
+                self.server.shutdown()
+            log.info("agent stopped; exports, connections and mounts are left in place")
+        return 0
+
+    def _drain_udev(self) -> None:
+        deadline = time.monotonic() + UDEV_DEBOUNCE
+        while time.monotonic() < deadline:
+            try:
+                event = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return
+            if event != "udev":
+                self.events.put(event)
+                return

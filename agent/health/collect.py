@@ -1,0 +1,247 @@
+"""Build a health :class:`Snapshot` from the live system: nvmet, sysfs, mounts, kvagent's records.
+
+Collecting reads configfs and sysfs and runs ``nvme smart-log`` on local
+drives (bounded by timeouts); it changes nothing. ``kvagent status`` calls it
+directly; ``kvagent run`` calls it from its loop and the HTTP endpoints only
+read the stored result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import nvmet
+from nvmet.errors import NvmetError
+
+from ..config.model import Config, DeviceBacking, InitiatorPool, TargetPool
+from ..engines.dirs import engine_capacities, engine_dir, usage
+from ..errors import KvagentError
+from ..initiator.mounts import mounted_at
+from ..initiator.reconcile import load_state as load_initiator_state
+from ..initiator.sysfs import Sysfs
+from ..log import get_logger
+from ..state import read_json
+from ..system.run import Runner
+from ..target.export import pool_subsystem_nqns
+from ..target.reconcile import nvmet_fs
+from .smart import read_local_drives
+from .snapshot import (
+    ApplySummary,
+    ControllerHealth,
+    EngineUsage,
+    InitiatorSide,
+    LoopCounters,
+    PathAna,
+    PoolHealth,
+    Snapshot,
+    TargetSide,
+)
+
+log = get_logger("health.collect")
+NVMET_DEBUGFS = Path("/sys/kernel/debug/nvmet")
+
+
+def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
+            sysfs: Sysfs | None = None, last_apply: ApplySummary | None = None,
+            counters: LoopCounters | None = None, config_error: str | None = None,
+            drives: bool = True) -> Snapshot:
+    """A snapshot of every pool of this host, its controllers and its local drives."""
+    sysfs = sysfs or Sysfs(cfg.node.sysfs)
+    pools: list[PoolHealth] = []
+    controllers: list[ControllerHealth] = []
+    if cfg.target is not None and cfg.target.pools:
+        pools += _target_pools(cfg, fs)
+    if cfg.initiator is not None:
+        state = _safe_initiator_state(cfg)
+        for pool in cfg.initiator.pools:
+            health, ctrls = _initiator_pool(cfg, pool, state.get(pool.name), sysfs)
+            pools.append(health)
+            controllers += ctrls
+    found_drives = ()
+    if drives:
+        try:
+            found_drives = tuple(read_local_drives(runner, sysfs=cfg.node.sysfs))
+        except (KvagentError, OSError) as exc:
+            log.warning("cannot read local drives", error=str(exc))
+    if last_apply is None:
+        last_apply = last_apply_summary(cfg)
+    return Snapshot(taken_at=time.time(), tick_at=time.monotonic(), node=cfg.node.name,
+                    pools=tuple(pools), controllers=tuple(controllers), drives=found_drives,
+                    last_apply=last_apply, config_error=config_error,
+                    counters=counters or LoopCounters())
+
+
+def last_apply_summary(cfg: Config) -> ApplySummary | None:
+    """The last apply's outcome from ``<state_dir>/last-apply.json`` (None if never)."""
+    try:
+        data = read_json(Path(cfg.node.state_dir) / "last-apply.json", None)
+    except KvagentError:
+        return None
+    if not data:
+        return None
+    started, finished = data.get("started_at"), data.get("finished_at") or time.time()
+    return ApplySummary(
+        finished_at=finished, ok=bool(data.get("ok")),
+        changed=sum(1 for a in data.get("actions", []) if a.get("status") == "done"),
+        failed=sum(1 for a in data.get("actions", []) if a.get("status") == "failed")
+        + len(data.get("errors", [])),
+        duration_seconds=(finished - started) if started else None)
+
+
+# --------------------------------------------------------------------- target
+def _connected_hosts(nqn: str) -> int | None:
+    """Hosts connected to a subsystem, from nvmet's debugfs (kernel 6.9+); None if not shown."""
+    d = NVMET_DEBUGFS / nqn
+    if not d.is_dir():
+        return None
+    return sum(1 for p in d.iterdir() if p.name.startswith("ctrl"))
+
+
+def _target_pools(cfg: Config, fs: nvmet.ConfigFS | None) -> list[PoolHealth]:
+    assert cfg.target is not None
+    try:
+        live = nvmet.read(fs if fs is not None else nvmet_fs(cfg))
+    except NvmetError as exc:
+        return [PoolHealth("target", p.name, "failed", False, (f"nvmet: {exc.message}",))
+                for p in cfg.target.pools]
+    return [_target_pool(cfg, p, live) for p in cfg.target.pools]
+
+
+def _expected_namespaces(pool: TargetPool) -> int:
+    if isinstance(pool.backing, DeviceBacking):
+        return len(pool.backing.devices)
+    count = pool.namespaces.count if pool.namespaces else 0
+    return count * (1 if pool.shared else len(pool.hosts))
+
+
+def _target_pool(cfg: Config, pool: TargetPool, live: nvmet.Tree) -> PoolHealth:
+    nqns = list(pool_subsystem_nqns(cfg, pool).values())
+    port_ids = [p.id for p in cfg.target.ports if p.name in pool.ports] if cfg.target else []
+    present = [live.subsystems[n] for n in nqns if n in live.subsystems]
+    namespaces = [ns for s in present for ns in s.namespaces.values()]
+    linked = sum(1 for n in nqns for pid in port_ids
+                 if pid in live.ports and n in live.ports[pid].subsystems)
+    connected = [_connected_hosts(n) for n in nqns]
+    side = TargetSide(
+        subsystems_expected=len(nqns), subsystems_present=len(present),
+        namespaces_expected=_expected_namespaces(pool), namespaces_present=len(namespaces),
+        namespaces_enabled=sum(1 for ns in namespaces if ns.enable),
+        ports_expected=len(nqns) * len(port_ids), ports_linked=linked,
+        hosts_connected=None if any(c is None for c in connected) else sum(
+            c or 0 for c in connected))
+    problems = []
+    if side.subsystems_present < side.subsystems_expected:
+        problems.append(f"{side.subsystems_expected - side.subsystems_present} of "
+                        f"{side.subsystems_expected} subsystems missing (run kvagent apply)")
+    if side.namespaces_enabled < side.namespaces_expected:
+        problems.append(f"{side.namespaces_enabled} of {side.namespaces_expected} namespaces "
+                        "enabled")
+    if side.ports_linked < side.ports_expected:
+        missing = [f"{n} on port {pid}" for n in nqns for pid in port_ids
+                   if not (pid in live.ports and n in live.ports[pid].subsystems)]
+        problems.append("not exported: " + ", ".join(missing))
+    if not nqns:
+        state = "ok"  # nothing to export (no hosts listed): not a fault
+    elif side.subsystems_present == 0 or side.ports_linked == 0:
+        state = "failed"
+    else:
+        state = "degraded" if problems else "ok"
+    return PoolHealth("target", pool.name, state, state == "ok", tuple(problems), target=side)
+
+
+# ------------------------------------------------------------------ initiator
+def _safe_initiator_state(cfg: Config) -> dict[str, dict[str, Any]]:
+    try:
+        return load_initiator_state(Path(cfg.node.state_dir))
+    except KvagentError as exc:
+        log.warning("cannot read initiator records", error=str(exc))
+        return {}
+
+
+def _probe_summary(cfg: Config, pool: str) -> dict[str, bool] | None:
+    path = Path(cfg.node.state_dir) / "probes" / f"{pool}.json"
+    try:
+        probes = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return {"odirect": all(p.get("odirect_ok") for p in probes),
+            "fallocate": all(p.get("fallocate_ok") for p in probes)}
+
+
+def _initiator_pool(cfg: Config, pool: InitiatorPool, record: dict[str, Any] | None,
+                    sysfs: Sysfs) -> tuple[PoolHealth, list[ControllerHealth]]:
+    if record is None:
+        side = InitiatorSide(controllers_expected=len(pool.targets), controllers_live=0,
+                             namespaces_expected=0, namespaces_found=0, mount_path=pool.mount)
+        return PoolHealth("initiator", pool.name, "failed", False,
+                          ("not attached (run kvagent apply; see its errors)",),
+                          initiator=side), []
+    hostnqn = record.get("hostnqn")
+    subs = {s["subsysnqn"]: s for s in record.get("subsystems", [])}
+    heads = {ns.name: ns for ns in sysfs.namespaces()}
+    ctrls: list[ControllerHealth] = []
+    for c in sysfs.controllers():
+        if c.subsysnqn not in subs or c.hostnqn != hostnqn:
+            continue
+        paths = tuple(PathAna(p.name, p.ana_state or "unknown", h.nsid)
+                      for h in heads.values() if h.subsysnqn == c.subsysnqn
+                      for p in h.paths if p.controller == c.name)
+        ctrls.append(ControllerHealth(c.name, pool.name, c.subsysnqn, c.transport,
+                                      c.address.traddr or "", c.address.trsvcid or "",
+                                      c.state, paths))
+    devices = record.get("devices", [])
+    found = sum(1 for d in devices if any(h.uuid == d["uuid"] for h in heads.values()))
+    mounts = record.get("mounts", [])
+    mounted = [m for m in mounts if mounted_at(m) is not None]
+    size = free = 0
+    for m in mounted:
+        try:
+            vfs = os.statvfs(m)
+        except OSError:
+            continue
+        size += vfs.f_blocks * vfs.f_frsize
+        free += vfs.f_bavail * vfs.f_frsize
+    engines: list[EngineUsage] = []
+    if pool.engines and mounted:
+        caps = engine_capacities(size, pool.engines)
+        for e in pool.engines:
+            used = sum(usage(engine_dir(m, e.kind)) for m in mounted
+                       if os.path.isdir(engine_dir(m, e.kind)))
+            engines.append(EngineUsage(e.kind, used, caps[e.kind], pool.mount))
+    side = InitiatorSide(
+        controllers_expected=len(subs), controllers_live=sum(1 for c in ctrls
+                                                             if c.state == "live"),
+        namespaces_expected=len(devices), namespaces_found=found, mount_path=pool.mount,
+        mounted=bool(mounts) and len(mounted) == len(mounts),
+        size_bytes=size if mounted else None, free_bytes=free if mounted else None,
+        engines=tuple(engines))
+    problems = []
+    for c in ctrls:
+        if c.state != "live":
+            problems.append(f"controller {c.name} ({c.traddr}:{c.trsvcid}) is {c.state}")
+    if len(ctrls) < len(subs):
+        missing = sorted(set(subs) - {c.subsysnqn for c in ctrls})
+        problems.append(f"not connected: {', '.join(missing)}")
+    if found < len(devices):
+        problems.append(f"{len(devices) - found} of {len(devices)} namespaces missing")
+    if len(mounted) < len(mounts):
+        problems.append(f"not mounted: {', '.join(sorted(set(mounts) - set(mounted)))}")
+    for e in engines:
+        if e.over_cap:
+            problems.append(f"engine {e.kind} uses {e.used_bytes} bytes, over its cap "
+                            f"{e.cap_bytes}")
+    probe = _probe_summary(cfg, pool.name)
+    if probe and not probe["odirect"]:
+        problems.append("O_DIRECT probe failed (engines use their buffered fallback)")
+    # A controller that is reconnecting keeps the mount (I/O waits): degraded, not failed.
+    if (not pool.shared and not mounted) or (subs and not ctrls):
+        state = "failed"
+    else:
+        state = "degraded" if problems else "ok"
+    ready = state == "ok"
+    return PoolHealth("initiator", pool.name, state, ready, tuple(problems), initiator=side,
+                      probe=probe), ctrls

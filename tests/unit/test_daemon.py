@@ -1,0 +1,115 @@
+"""The agent loop: notify messages, reload with a broken config, stop without teardown."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.config import load_config
+from agent.daemon import Agent
+from agent.health.notify import Notifier
+from tests.unit.fakerunner import FakeRunner
+
+
+def write_config(path: Path, tmp: Path, port: int, *, interval: str = "30s") -> None:
+    path.write_text(f"""
+version: 1
+node: {{name: unit, state_dir: {tmp}/state, run_dir: {tmp}/run, sysfs: {tmp}/sys,
+        configfs: {tmp}/configfs}}
+health: {{listen: "127.0.0.1:{port}", interval: {interval}}}
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def notify_socket(tmp_path: Path):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    path = tmp_path / "notify.sock"
+    sock.bind(str(path))
+    sock.settimeout(10)
+    yield path, sock
+    sock.close()
+
+
+def receive_until(sock: socket.socket, wanted: str) -> list[str]:
+    seen = []
+    while True:
+        message = sock.recv(4096).decode()
+        seen.append(message)
+        if wanted in message.split("\n"):
+            return seen
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - loopback test URL
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_loop_notifies_serves_refuses_broken_reload_and_stops(tmp_path: Path,
+                                                              notify_socket) -> None:
+    sock_path, sock = notify_socket
+    config = tmp_path / "kvagent.yaml"
+    port = free_port()
+    write_config(config, tmp_path, port)
+    runner = FakeRunner()  # no roles and no drives: the loop must not run any command
+    agent = Agent(str(config), load_config(config), runner=runner,
+                  notifier=Notifier(env={"NOTIFY_SOCKET": str(sock_path)}))
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    first = receive_until(sock, "READY=1")
+    assert any("WATCHDOG=1" in m for m in first), "the loop pings the watchdog itself"
+    assert any(m.startswith("STATUS=ok") for m in first)
+
+    status, body = get(f"http://127.0.0.1:{port}/healthz")
+    assert status == 200
+    families = {f.name: f for f in text_string_to_metric_families(
+        get(f"http://127.0.0.1:{port}/metrics")[1])}
+    assert "kvagent_last_apply_success" in families
+
+    config.write_text("version: 1\nnode: {name: BAD NAME}\n")
+    agent.events.put("reload")
+    reload_messages = receive_until(sock, "READY=1")
+    assert any(m.startswith("RELOADING=1") and "MONOTONIC_USEC=" in m
+               for m in reload_messages)
+    assert agent.config_error and "node.name" in agent.config_error
+    assert agent.cfg.node.name == "unit", "the old config keeps running"
+    assert get(f"http://127.0.0.1:{port}/healthz")[0] == 200, "still serving"
+    families = {f.name: f for f in text_string_to_metric_families(
+        get(f"http://127.0.0.1:{port}/metrics")[1])}
+    failures = families["kvagent_config_reload_failures"].samples[0].value
+    assert failures == 1
+
+    agent.events.put("stop")
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert "STOPPING=1" in receive_until(sock, "STOPPING=1")[-1]
+    assert runner.calls == []
+
+
+def test_good_reload_applies_new_config(tmp_path: Path) -> None:
+    config = tmp_path / "kvagent.yaml"
+    write_config(config, tmp_path, free_port())
+    agent = Agent(str(config), load_config(config), runner=FakeRunner(),
+                  notifier=Notifier(env={}))
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    write_config(config, tmp_path, free_port(), interval="45s")
+    agent.events.put("reload")
+    agent.events.put("stop")
+    thread.join(timeout=30)
+    assert agent.cfg.health.interval == 45 and agent.config_error is None
+    assert agent.counters.config_reloads == 1 and agent.counters.apply_runs == 2

@@ -1,0 +1,81 @@
+"""The collector over a kernel-like fake configfs: healthy, degraded and failed target pools."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from agent.config import parse_config
+from agent.health.collect import collect
+from agent.health.snapshot import exit_code
+from agent.health.status import load_status_schema, to_status_json
+from agent.result import RunResult
+from agent.target.reconcile import TargetPass
+from nvmet.fake import FakeConfigFS
+from tests.unit.fakerunner import FakeRunner
+
+HOST = "nqn.2014-08.org.nvmexpress:uuid:2b7e1a3c-0d4f-4b6a-9c1e-5f2a7d9e0b11"
+
+
+def make_config(tmp: Path):
+    return parse_config(yaml.safe_dump({
+        "version": 1,
+        "node": {"name": "stor", "state_dir": str(tmp / "state"), "run_dir": str(tmp / "run"),
+                 "sysfs": str(tmp / "sys")},
+        "target": {
+            "ports": [{"name": "lo", "id": 3, "transport": "tcp", "address": "127.0.0.1"}],
+            "pools": [{"name": "kv", "backing": {"kind": "file", "directory": str(tmp / "f")},
+                       "namespaces": {"count": 2, "size": "4MiB"}, "ports": ["lo"],
+                       "hosts": [{"name": "gpu", "nqn": HOST}]}]}}))
+
+
+def applied(tmp: Path):
+    cfg = make_config(tmp)
+    fs = FakeConfigFS()
+    for i in (1, 2):
+        fs.add_device(str(tmp / f"f/kv/gpu/ns{i}.img"), "file")
+    result = RunResult(dry_run=False)
+    TargetPass(cfg, FakeRunner().on(["modprobe"]), result, fs=fs).run()
+    assert result.ok, result.errors
+    return cfg, fs
+
+
+def test_exported_pool_is_ok(tmp_path: Path) -> None:
+    cfg, fs = applied(tmp_path)
+    snap = collect(cfg, FakeRunner(), fs=fs, drives=False)
+    (pool,) = snap.pools
+    assert (pool.state, pool.ready, pool.problems) == ("ok", True, ())
+    t = pool.target
+    assert (t.subsystems_present, t.namespaces_enabled, t.ports_linked) == (1, 2, 1)
+    assert t.hosts_connected is None  # nvmet on this kernel does not show connected hosts
+    jsonschema.validate(to_status_json(snap), load_status_schema())
+    assert exit_code(snap) == 0
+
+
+def test_unlinked_port_fails_and_disabled_namespace_degrades(tmp_path: Path) -> None:
+    cfg, fs = applied(tmp_path)
+    nqn = "nqn.2026-11.io.kvagent:stor:kv:gpu"
+    fs.write(f"subsystems/{nqn}/namespaces/2/enable", "0")
+    (pool,) = collect(cfg, FakeRunner(), fs=fs, drives=False).pools
+    assert pool.state == "degraded" and not pool.ready
+    assert pool.problems == ("1 of 2 namespaces enabled",)
+    fs.unlink(f"ports/3/subsystems/{nqn}")
+    snap = collect(cfg, FakeRunner(), fs=fs, drives=False)
+    (pool,) = snap.pools
+    assert pool.state == "failed"
+    assert any("not exported" in p and "port 3" in p for p in pool.problems)
+    assert exit_code(snap) == 1
+
+
+def test_initiator_pool_never_attached_is_failed(tmp_path: Path) -> None:
+    cfg = parse_config(yaml.safe_dump({
+        "version": 1, "node": {"name": "gpu", "state_dir": str(tmp_path / "state"),
+                               "sysfs": str(tmp_path / "sys")},
+        "initiator": {"pools": [{"name": "kv", "mount": str(tmp_path / "mnt"),
+                                 "target": {"transport": "tcp", "address": "10.0.0.1"}}]}}))
+    (tmp_path / "sys/class/nvme").mkdir(parents=True)
+    (pool,) = collect(cfg, FakeRunner(), drives=False).pools
+    assert (pool.role, pool.state, pool.ready) == ("initiator", "failed", False)
+    assert "not attached" in pool.problems[0]

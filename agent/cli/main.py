@@ -67,7 +67,7 @@ def main(ctx: click.Context, config_file: str | None, output: str, verbose: int)
 
 
 def _register() -> None:
-    from . import apply_cmd, bench_cmd, config_cmd, pool_cmd, run_cmd, target_cmd
+    from . import apply_cmd, bench_cmd, config_cmd, engines_cmd, pool_cmd, run_cmd, target_cmd
 
     main.add_command(config_cmd.config_group)
     main.add_command(target_cmd.target_group)
@@ -75,6 +75,7 @@ def _register() -> None:
     main.add_command(apply_cmd.plan)
     main.add_command(apply_cmd.apply)
     main.add_command(pool_cmd.pool_group)
+    main.add_command(engines_cmd.engines_group)
     main.add_command(run_cmd.run)
     main.add_command(run_cmd.status)
 

@@ -1,8 +1,14 @@
-"""Mounting pool filesystems, and unmounting them without ever hiding data loss."""
+"""Mounting pool filesystems, and unmounting them without ever hiding data loss.
+
+Every function takes the mount table (``mountinfo``) as a parameter, so tests
+can give a file of their own; ``devnum`` (device path -> ``major:minor``) is a
+parameter for the same reason.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +17,7 @@ from ..log import get_logger
 from ..system.run import CommandError, Runner
 
 log = get_logger("mounts")
+MOUNTINFO = Path("/proc/self/mountinfo")
 
 
 class MountBusy(KvagentError):
@@ -33,7 +40,7 @@ def _unescape(text: str) -> str:
             .replace("\\134", "\\"))
 
 
-def read_mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[MountEntry]:
+def read_mounts(mountinfo: Path = MOUNTINFO) -> list[MountEntry]:
     """Parse mountinfo (fields after ' - ' are fstype, source, super options)."""
     entries = []
     for line in mountinfo.read_text().splitlines():
@@ -46,7 +53,7 @@ def read_mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[MountEnt
     return entries
 
 
-def mounted_at(path: str, mountinfo: Path = Path("/proc/self/mountinfo")) -> MountEntry | None:
+def mounted_at(path: str, mountinfo: Path = MOUNTINFO) -> MountEntry | None:
     """The mount whose mount point is exactly ``path`` (the last one wins, as the kernel shows)."""
     found = None
     for entry in read_mounts(mountinfo):
@@ -61,19 +68,61 @@ def device_number(device: str) -> str:
     return f"{os.major(rdev)}:{os.minor(rdev)}"
 
 
+def create_mount_point(path: str) -> list[str]:
+    """Create ``path`` and any missing parents; returns the directories made now (top first)."""
+    missing = []
+    current = os.path.normpath(path)
+    while not os.path.isdir(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    for d in reversed(missing):
+        os.makedirs(d, exist_ok=True)
+    return list(reversed(missing))
+
+
+def remove_mount_points(dirs: list[str], mountinfo: Path = MOUNTINFO) -> list[str]:
+    """Remove the given directories (deepest first) when empty and not mounted on.
+
+    Only empty directories are removed (``rmdir``), never their contents; the
+    rest are kept and logged. Returns the directories removed.
+    """
+    removed = []
+    mounted = {e.mount_point for e in read_mounts(mountinfo)}
+    for d in sorted(set(dirs), key=lambda p: p.count("/"), reverse=True):
+        if os.path.normpath(d) in mounted or not os.path.isdir(d):
+            continue
+        try:
+            os.rmdir(d)
+        except OSError as exc:
+            log.info("kept mount directory", directory=d, reason=os.strerror(exc.errno or 0))
+            continue
+        removed.append(d)
+    return removed
+
+
 def ensure_mounted(device: str, path: str, options: tuple[str, ...], runner: Runner,
-                   mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
+                   mountinfo: Path = MOUNTINFO,
+                   devnum: Callable[[str], str] = device_number) -> bool:
     """Mount ``device`` (xfs) on ``path``; True if mounted now, False if it already was.
 
-    A different device already mounted there is an error, never stacked over.
+    A different device already mounted there is an error, never stacked over;
+    so is a non-empty directory (mounting would hide its files).
     """
     current = mounted_at(path, mountinfo)
     if current is not None:
-        if current.device == device_number(device):
+        if current.device == devnum(device):
             return False
         raise KvagentError(f"{path} already has {current.source} ({current.fstype}) mounted",
                            "unmount it or choose another mount path for the pool")
-    Path(path).mkdir(parents=True, exist_ok=True)
+    create_mount_point(path)
+    if os.listdir(path):
+        raise KvagentError(f"{path} is not mounted but holds files; mounting the pool there "
+                           "would hide them",
+                           "something wrote there while the pool was not mounted: move the "
+                           "files away (or delete them), then apply again")
     argv = ["mount", "-t", "xfs"]
     if options:
         argv += ["-o", ",".join(options)]
@@ -82,7 +131,7 @@ def ensure_mounted(device: str, path: str, options: tuple[str, ...], runner: Run
     return True
 
 
-def unmount(path: str, runner: Runner, mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
+def unmount(path: str, runner: Runner, mountinfo: Path = MOUNTINFO) -> bool:
     """Unmount ``path`` if mounted; busy → :class:`MountBusy`. True if it was unmounted now."""
     if mounted_at(path, mountinfo) is None:
         return False

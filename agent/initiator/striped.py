@@ -100,6 +100,28 @@ def ensure_striped_volume(pool: str, devices: list[str], runner: Runner) -> tupl
     return volume_path(pool), False
 
 
-def deactivate(pool: str, runner: Runner) -> None:
-    """Deactivate the pool's volume group (before disconnecting); data stays."""
-    runner(["vgchange", "-an", vg_name(pool)], timeout=LVM_TIMEOUT, check=False)
+def dm_name(pool: str) -> str:
+    """The device-mapper name of the pool's striped volume (LVM doubles every '-')."""
+    return f"{vg_name(pool).replace('-', '--')}-{LV_NAME}"
+
+
+def deactivate(pool: str, runner: Runner) -> bool:
+    """Deactivate the pool's volume group (before disconnecting); data stays.
+
+    Returns False when there was no such group. A group that cannot be
+    deactivated (its volume is still open) raises: disconnecting under an
+    active volume would leave a device-mapper device over vanished disks.
+    """
+    result = runner(["vgchange", "-an", vg_name(pool)], timeout=LVM_TIMEOUT, check=False)
+    if result.returncode == 0:
+        log.info("deactivated striped volume", pool=pool)
+        return True
+    text = f"{result.stderr}\n{result.stdout}"
+    if "not found" in text.lower():
+        return False
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    raise KvagentError(
+        f"cannot deactivate volume group {vg_name(pool)}: "
+        f"{lines[-1] if lines else 'vgchange exit ' + str(result.returncode)}",
+        f"something still holds /dev/{vg_name(pool)}/{LV_NAME} open (dmsetup info -c "
+        f"{dm_name(pool)}); kvagent does not disconnect under an active volume")

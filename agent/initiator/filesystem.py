@@ -58,23 +58,30 @@ def xfs_label(pool: str, index: int) -> str:
     return (re.sub(r"[^a-z0-9-]", "", pool)[: 12 - len(suffix)] + suffix)[:12]
 
 
+def needs_filesystem(content: DeviceContent, fs_uuid: str) -> bool:
+    """Whether a device with ``content`` needs mkfs: True when blank, False when it holds
+    this host's xfs (uuid ``fs_uuid``); anything else raises :class:`ForeignFilesystem`."""
+    if content.type == "xfs" and (content.uuid or "").lower() == fs_uuid.lower():
+        return False
+    if content.blank:
+        return True
+    what = content.type or f"{content.partition_table} partition table"
+    detail = f" with uuid {content.uuid}" if content.uuid else ""
+    raise ForeignFilesystem(
+        f"refusing to format {content.device}: it holds {what}{detail}, which this host did "
+        f"not write (kvagent's filesystem here would have uuid {fs_uuid})",
+        "if the target exported the wrong device or another host used it, fix that first; "
+        "if the data is not needed, clear it yourself (wipefs -a); kvagent never does")
+
+
 def ensure_filesystem(device: str, fs_uuid: str, label: str, runner: Runner) -> bool:
     """Make sure ``device`` holds this host's xfs; True when one was made now.
 
     Blank → mkfs.xfs with the deterministic uuid. xfs with that uuid → accepted.
     Anything else → :class:`ForeignFilesystem` (the device is left untouched).
     """
-    content = probe_content(device, runner)
-    if content.type == "xfs" and (content.uuid or "").lower() == fs_uuid.lower():
+    if not needs_filesystem(probe_content(device, runner), fs_uuid):
         return False
-    if not content.blank:
-        what = content.type or f"{content.partition_table} partition table"
-        detail = f" with uuid {content.uuid}" if content.uuid else ""
-        raise ForeignFilesystem(
-            f"refusing to format {device}: it holds {what}{detail}, which this host did not "
-            f"write (kvagent's filesystem here would have uuid {fs_uuid})",
-            "if the target exported the wrong device or another host used it, fix that first; "
-            "if the data is not needed, clear it yourself (wipefs -a); kvagent never does")
     # No -f: mkfs.xfs itself refuses a device with a signature it recognises.
     runner(["mkfs.xfs", "-q", "-m", f"uuid={fs_uuid}", "-L", label, device],
            timeout=MKFS_TIMEOUT)

@@ -39,7 +39,7 @@ from ..state import read_json, write_json
 from ..system.run import Runner
 from .connect import Target, connect, disconnect_controllers, find_controllers, pool_entries
 from .devices import NamespaceDevice, wait_for_namespaces
-from .filesystem import ensure_filesystem, probe_content, xfs_label
+from .filesystem import ensure_filesystem, needs_filesystem, probe_content, xfs_label
 from .identity import ensure_host_identity
 from .mounts import (
     MOUNTINFO,
@@ -322,8 +322,8 @@ class InitiatorPass:
                      for i, (d, m) in enumerate(zip(devices, mounts, strict=True), 1)]
         for device, fs_uuid, mount, index in pairs:
             if self.dry_run:
-                content = probe_content(device, self.runner) if os.path.exists(device) else None
-                if content is None or content.uuid != fs_uuid:
+                fresh = pool.layout == "striped" and not os.path.exists(device)
+                if fresh or needs_filesystem(probe_content(device, self.runner), fs_uuid):
                     self._act(pool.name, "mkfs.xfs", device, f"uuid {fs_uuid}")
                 if mounted_at(mount, self.seams.mountinfo) is None:
                     self._act(pool.name, "mount", mount, device)

@@ -1,0 +1,277 @@
+"""A fake GPU host for unit tests of the attach pass: nvme-cli, blkid, mkfs, mount, LVM.
+
+Behaviour follows what the kernel tier shows on 6.1 (tests/kernel/test_attach_pools.py,
+test_initiator_plumbing.py): a connect creates a controller, a subsystem and one
+multipath head per namespace (uuid = nvmet.ids.namespace_uuid) in a FakeSysfs;
+list-ns prints the nsids; blkid -p exits 2 on a blank device; mkfs.xfs writes
+the uuid it is given; mount/umount edit a mountinfo file and move the
+"filesystem's" files in and out of the mount directory, so a directory is
+empty again after umount as on a real host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.config import Config, parse_config
+from agent.initiator.nvmecli import NoKernelLog, NvmeCli
+from agent.initiator.probes import ProbeResult
+from agent.initiator.reconcile import HostSeams
+from agent.initiator.sysfs import Sysfs
+from agent.system.run import CommandResult
+from nvmet.ids import namespace_uuid
+from tests.unit.engines.helpers import probe as fake_probe_result
+from tests.unit.fakerunner import FakeRunner
+
+from .fakesysfs import FakeSysfs
+
+HOST = "nqn.2014-08.org.nvmexpress:uuid:11e85052-8716-44d9-b10e-1c51bae17688"
+HOSTID = "11e85052-8716-44d9-b10e-1c51bae17688"
+PREFIX = "nqn.2026-11.io.kvagent"
+GIB = 1 << 30
+
+
+@dataclass
+class Export:
+    """A subsystem the fake storage host offers this host."""
+
+    nqn: str
+    nsids: list[int]
+    size: int = GIB
+    traddr: str = "10.0.0.1"
+
+
+@dataclass
+class FakeHost:
+    root: Path
+    exports: list[Export] = field(default_factory=list)
+    content: dict[str, dict[str, str]] = field(default_factory=dict)
+    busy: set[str] = field(default_factory=set)
+    refuse_vgchange_an: bool = False
+
+    def __post_init__(self) -> None:
+        self.sys = FakeSysfs(self.root / "sys")
+        self.mountinfo = self.root / "mountinfo"
+        self.mountinfo.write_text("21 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n")
+        self.stash = self.root / "fs-contents"
+        self.nvme_dir = self.root / "nvme"
+        self.nvme_dir.mkdir()
+        (self.nvme_dir / "hostnqn").write_text(HOST + "\n")
+        (self.nvme_dir / "hostid").write_text(HOSTID + "\n")
+        self.numbers: dict[str, str] = {}
+        self.next_ctrl, self.next_minor = 2, 1
+        self.vgs: dict[str, dict] = {}
+        self.probed: list[str] = []
+        r = FakeRunner()
+        r.on(["modprobe"])
+        r.on_call(["nvme", "discover"], self._discover)
+        r.on_call(["nvme", "connect"], self._connect)
+        r.on_call(["nvme", "list-ns"], self._list_ns)
+        r.on_call(["nvme", "disconnect"], self._disconnect)
+        r.on_call(["blkid"], self._blkid)
+        r.on_call(["mkfs.xfs"], self._mkfs)
+        r.on_call(["mount"], self._mount)
+        r.on_call(["umount"], self._umount)
+        r.on_call(["pvs"], self._pvs)
+        r.on_call(["vgcreate"], self._vgcreate)
+        r.on_call(["lvcreate"], self._lvcreate)
+        r.on_call(["vgchange"], self._vgchange)
+        self.runner = r
+        self.cli = NvmeCli(r, kernel_log=NoKernelLog())
+        self.sleeps: list[float] = []
+        self.now = 0.0
+        self.on_sleep = None
+
+    # ------------------------------------------------------------ wiring
+    @property
+    def sysfs(self) -> Sysfs:
+        return Sysfs(self.root / "sys")
+
+    def seams(self) -> HostSeams:
+        return HostSeams(mountinfo=self.mountinfo, devnum=self.devnum, probe=self._probe,
+                         sleep=self._sleep, clock=lambda: self.now)
+
+    def config(self, body: str) -> Config:
+        text = f"""
+version: 1
+node:
+  name: gpu0
+  nqn_prefix: {PREFIX}
+  state_dir: {self.root}/state
+  run_dir: {self.root}/run
+  sysfs: {self.root}/sys
+  nvme_dir: {self.nvme_dir}
+{body}"""
+        return parse_config(text, "test.yaml")
+
+    def _sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        if self.on_sleep:
+            self.on_sleep()
+
+    def _probe(self, path: str, transport: str | None = None, **_: object) -> ProbeResult:
+        self.probed.append(path)
+        return fake_probe_result(path)
+
+    def devnum(self, device: str) -> str:
+        return self.numbers[device]
+
+    @staticmethod
+    def opt(argv: tuple[str, ...], flag: str) -> str | None:
+        return argv[argv.index(flag) + 1] if flag in argv else None
+
+    @staticmethod
+    def ok(argv: tuple[str, ...], stdout: str = "", rc: int = 0, err: str = "") -> CommandResult:
+        return CommandResult(argv, rc, stdout, err)
+
+    # ------------------------------------------------------------- nvme
+    def _discover(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        records = [{"trtype": "tcp", "adrfam": "ipv4", "subtype": "nvme subsystem",
+                    "portid": 1, "trsvcid": "4420", "subnqn": e.nqn, "traddr": e.traddr}
+                   for e in self.exports if e.traddr == self.opt(argv, "--traddr")]
+        return self.ok(argv, json.dumps({"genctr": 1, "records": records}))
+
+    def _export(self, nqn: str) -> Export:
+        return next(e for e in self.exports if e.nqn == nqn)
+
+    def _connect(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        nqn, traddr = self.opt(argv, "--nqn"), self.opt(argv, "--traddr")
+        for c in self.sysfs.controllers():
+            if (c.subsysnqn, c.address.traddr) == (nqn, traddr):
+                return self.ok(argv, rc=1, err="already connected\n")
+        inst = self.next_ctrl
+        self.next_ctrl += 1
+        self.sys.add_controller(inst, subsysnqn=nqn, hostnqn=self.opt(argv, "--hostnqn"),
+                                hostid=self.opt(argv, "--hostid"), transport="tcp",
+                                address=f"traddr={traddr},trsvcid=4420,src_addr=10.0.0.9",
+                                ctrl_loss_tmo="off")
+        self.sys.add_subsystem(inst, nqn, controllers=(inst,))
+        export = self._export(nqn)
+        for nsid in export.nsids:
+            head = self.sys.add_namespace(inst, nsid, namespace_uuid(nqn, nsid),
+                                          paths=((inst, "optimized"),), size=export.size // 512)
+            number = f"259:{self.next_minor}"
+            self.next_minor += 1
+            self.numbers[f"/dev/nvme{inst}n{nsid}"] = number
+            link = self.root / "sys/dev/block" / number
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(head)
+        return self.ok(argv, json.dumps({"device": f"nvme{inst}"}))
+
+    def _list_ns(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        name = os.path.basename(argv[2])
+        ctrl = self.sysfs.controller(name)
+        assert ctrl is not None and ctrl.state == "live", f"list-ns on {name} not live"
+        lines = [f"[{i:4}]:{nsid:#x}" for i, nsid in
+                 enumerate(self._export(ctrl.subsysnqn).nsids)]
+        return self.ok(argv, "\n".join(lines) + "\n")
+
+    def _disconnect(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        name = self.opt(argv, "--device")
+        if name and (self.root / "sys/class/nvme" / name).exists():
+            for head in (self.root / "sys/block").glob(f"nvme{name[4:]}n*"):
+                head.unlink()
+            self.sys.remove_controller(int(name[4:]))
+            return self.ok(argv)
+        return self.ok(argv, err=f"Did not find device {name}\n")
+
+    def set_state(self, ctrl: str, state: str) -> None:
+        self.sys.set(f"class/nvme/{ctrl}/state", state)
+
+    # ------------------------------------------------------- filesystems
+    def _blkid(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        props = self.content.get(argv[-1])
+        if not props:
+            return self.ok(argv, rc=2)
+        return self.ok(argv, "".join(f"{k}={v}\n" for k, v in props.items()))
+
+    def _mkfs(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        device = argv[-1]
+        if self.content.get(device):
+            return self.ok(argv, rc=1, err=f"mkfs.xfs: {device} appears to contain a filesystem")
+        uuid = self.opt(argv, "-m").removeprefix("uuid=")
+        self.content[device] = {"UUID": uuid, "LABEL": self.opt(argv, "-L"), "TYPE": "xfs"}
+        return self.ok(argv)
+
+    def mounts(self) -> dict[str, str]:
+        """mount point -> source, from the fake mountinfo."""
+        out = {}
+        for line in self.mountinfo.read_text().splitlines()[1:]:
+            left, _, right = line.partition(" - ")
+            out[left.split()[4]] = right.split()[1]
+        return out
+
+    def mount_line(self, device: str, path: str, number: str | None = None) -> None:
+        number = number or self.devnum(device)
+        with self.mountinfo.open("a") as f:
+            f.write(f"99 21 {number} / {path} rw,noatime - xfs {device} rw\n")
+
+    def _mount(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        device, path = argv[-2], argv[-1]
+        assert os.path.isdir(path) and not os.listdir(path), f"mount over {path}"
+        saved = self.stash / self.devnum(device).replace(":", "_")
+        if saved.is_dir():
+            for child in saved.iterdir():
+                shutil.move(str(child), path)
+        self.mount_line(device, path)
+        return self.ok(argv)
+
+    def _umount(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        path = argv[-1]
+        if path in self.busy:
+            return self.ok(argv, rc=32, err=f"umount: {path}: target is busy.\n")
+        lines = self.mountinfo.read_text().splitlines(keepends=True)
+        keep = [ln for ln in lines if ln.split()[4] != path]
+        assert len(keep) == len(lines) - 1, f"umount of {path}, which is not mounted"
+        number = next(ln for ln in lines if ln.split()[4] == path).split()[2]
+        self.mountinfo.write_text("".join(keep))
+        saved = self.stash / number.replace(":", "_")
+        saved.mkdir(parents=True, exist_ok=True)
+        for child in Path(path).iterdir():
+            shutil.move(str(child), saved)
+        return self.ok(argv)
+
+    # --------------------------------------------------------------- LVM
+    def _pvs(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        devices = [a for a in argv if a.startswith("/dev/")]
+        rows = [{"pv_name": d, "vg_name": vg, "vg_tags": ",".join(info["tags"])}
+                for vg, info in self.vgs.items() for d in info["pvs"] if d in devices]
+        rc = 0 if len(rows) == len(devices) else 5
+        return self.ok(argv, json.dumps({"report": [{"pv": rows}]}), rc=rc)
+
+    def _vgcreate(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        tags = [argv[i + 1] for i, a in enumerate(argv) if a == "--addtag"]
+        devices = [a for a in argv if a.startswith("/dev/")]
+        vg = argv[argv.index(devices[0]) - 1]
+        self.vgs[vg] = {"tags": tags, "pvs": devices, "active": False}
+        for d in devices:
+            self.content[d] = {"TYPE": "LVM2_member", "UUID": f"pv-{d}"}
+        return self.ok(argv)
+
+    def _lvcreate(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        vg = argv[-1]
+        self.vgs[vg]["active"] = True
+        path = f"/dev/{vg}/data"
+        self.numbers[path] = "253:0"
+        node = self.root / "sys/devices/virtual/block/dm-0"
+        (node / "dm").mkdir(parents=True, exist_ok=True)
+        (node / "dm/name").write_text(f"{vg.replace('-', '--')}-data\n")
+        link = self.root / "sys/dev/block/253:0"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(node)
+        return self.ok(argv)
+
+    def _vgchange(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        vg = argv[-1]
+        if vg not in self.vgs:
+            return self.ok(argv, rc=5, err=f'  Volume group "{vg}" not found\n')
+        if argv[1] == "-an" and self.refuse_vgchange_an:
+            return self.ok(argv, rc=5, err=f"  Logical volume {vg}/data in use.\n")
+        self.vgs[vg]["active"] = argv[1] == "-ay"
+        return self.ok(argv)

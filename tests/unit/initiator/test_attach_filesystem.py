@@ -1,0 +1,80 @@
+"""xfs only on blank devices or this host's own; everything else refused untouched."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.errors import KvagentError
+from agent.initiator.filesystem import (
+    ForeignFilesystem,
+    ensure_filesystem,
+    needs_filesystem,
+    probe_content,
+    xfs_label,
+)
+from tests.unit.fakerunner import FakeRunner
+
+DEV = "/dev/nvme2n1"
+UUID = "3b73d893-f7d2-5425-b65f-15a1c24d4bf5"
+
+
+def blkid(stdout: str = "", rc: int = 0) -> FakeRunner:
+    return FakeRunner().on(["blkid"], stdout, rc).on(["mkfs.xfs"])
+
+
+def test_blank_device_gets_xfs_with_the_deterministic_uuid() -> None:
+    r = blkid(rc=2)
+    assert ensure_filesystem(DEV, UUID, "kv-1", r) is True
+    assert r.ran("blkid") == [("blkid", "-p", "-o", "export", DEV)]
+    assert r.ran("mkfs.xfs") == [("mkfs.xfs", "-q", "-m", f"uuid={UUID}", "-L", "kv-1", DEV)]
+    assert not any("-f" in c for c in r.ran("mkfs.xfs"))
+
+
+@pytest.mark.parametrize("uuid", [UUID, UUID.upper()])
+def test_own_xfs_is_accepted_without_mkfs(uuid: str) -> None:
+    r = blkid(f"DEVNAME={DEV}\nUUID={uuid}\nTYPE=xfs\nUSAGE=filesystem\n")
+    assert ensure_filesystem(DEV, UUID, "kv-1", r) is False
+    assert r.ran("mkfs.xfs") == []
+
+
+@pytest.mark.parametrize(("stdout", "what"), [
+    ("UUID=9d0c3a47-7e5c-4f4b-9a51-0b3b8c1d2e3f\nTYPE=ext4\n", "ext4 with uuid 9d0c"),
+    (f"UUID={UUID[:-1]}6\nTYPE=xfs\n", "xfs with uuid"),
+    ("PTUUID=1234\nPTTYPE=gpt\n", "gpt partition table"),
+    ("UUID=abc\nTYPE=LVM2_member\n", "LVM2_member"),
+    ("TYPE=swap\n", "swap"),
+])
+def test_anything_else_is_refused_and_left_alone(stdout: str, what: str) -> None:
+    r = blkid(stdout)
+    with pytest.raises(ForeignFilesystem, match="refusing to format") as exc:
+        ensure_filesystem(DEV, UUID, "kv-1", r)
+    assert what in exc.value.message and UUID in exc.value.message
+    assert "wipefs -a" in exc.value.hint
+    assert r.ran("mkfs.xfs") == []
+
+
+def test_a_failed_probe_is_never_blank() -> None:
+    r = FakeRunner().on(["blkid"], "", 4, "blkid: error: permission denied").on(["mkfs.xfs"])
+    with pytest.raises(KvagentError, match="cannot probe /dev/nvme2n1: blkid exit 4"):
+        ensure_filesystem(DEV, UUID, "kv-1", r)
+    assert r.ran("mkfs.xfs") == []
+
+
+def test_probe_content_parses_export_output() -> None:
+    c = probe_content(DEV, blkid("DEVNAME=/dev/nvme2n1\nLABEL=kv-1\nUUID=u\nTYPE=xfs\n"))
+    assert (c.type, c.uuid, c.label, c.partition_table, c.blank) == ("xfs", "u", "kv-1", None,
+                                                                     False)
+    assert probe_content(DEV, blkid(rc=2)).blank
+
+
+def test_needs_filesystem_names_the_device() -> None:
+    c = probe_content(DEV, blkid("TYPE=ext4\n"))
+    with pytest.raises(ForeignFilesystem, match=f"refusing to format {DEV}: it holds ext4"):
+        needs_filesystem(c, UUID)
+
+
+@pytest.mark.parametrize(("pool", "index", "label"), [
+    ("kv", 1, "kv-1"), ("a-very-long-pool-name", 12, "a-very-lo-12"), ("Odd_Name", 3, "ddame-3"),
+])
+def test_labels_fit_xfs(pool: str, index: int, label: str) -> None:
+    assert xfs_label(pool, index) == label and len(label) <= 12

@@ -1,0 +1,319 @@
+"""The GPU-host attach pass (InitiatorPass) over a fake host: nvme-cli, sysfs, blkid, mkfs,
+mount, LVM (tests/unit/initiator/attach_fakes.py). The kernel tier proves the same flows
+on a real 6.1 kernel (tests/kernel/test_attach_pools.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.initiator.reconcile import InitiatorPass, load_state, merge_record
+from agent.naming import filesystem_uuid
+from agent.result import RunResult
+from nvmet.ids import namespace_uuid
+
+from .attach_fakes import HOST, PREFIX, Export, FakeHost
+
+NQN = f"{PREFIX}:store1:kv:gpu0"
+SHARED = f"{PREFIX}:store1:kv"
+UID, GID = os.getuid(), os.getgid()
+
+
+@pytest.fixture
+def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHost:
+    h = FakeHost(tmp_path, exports=[Export(NQN, [1, 2])])
+    # prepare() insists on real mount points; the fake's mounts live in its mountinfo.
+    monkeypatch.setattr(os.path, "ismount", lambda p: os.fspath(p) in h.mounts())
+    return h
+
+
+def pool_yaml(host: FakeHost, *, name: str = "kv", layout: str = "per-namespace",
+              shared: bool = False, engines: str = "lmcache, vllm", mount: str | None = None,
+              subsystem: str | None = None) -> str:
+    eng = ", ".join(f"{{kind: {k.strip()}, owner: '{UID}', group: '{GID}'}}"
+                    for k in engines.split(",") if k.strip())
+    sub = f", subsystem: '{subsystem}'" if subsystem else ""
+    return f"""
+    - name: {name}
+      target: {{transport: tcp, address: 10.0.0.1{sub}}}
+      mount: {mount or host.root / 'mnt' / name}
+      layout: {layout}
+      shared: {str(shared).lower()}
+      engines: [{eng}]
+"""
+
+
+def run(host: FakeHost, pools: str = "", *, dry_run: bool = False) -> RunResult:
+    body = f"initiator:\n  device_wait: 5s\n  pools:\n{pools}" if pools else ""
+    cfg = host.config(body)
+    result = RunResult(dry_run=dry_run)
+    InitiatorPass(cfg, host.runner, result, dry_run=dry_run, sysfs=host.sysfs, cli=host.cli,
+                  seams=host.seams()).run()
+    return result
+
+
+def kinds(result: RunResult, status: str = "done") -> list[str]:
+    return [a.kind for a in result.actions if a.status == status]
+
+
+def state(host: FakeHost) -> dict:
+    return load_state(host.root / "state")
+
+
+def ns_mounts(host: FakeHost, n: int = 2, name: str = "kv") -> list[str]:
+    return [str(host.root / "mnt" / name / f"ns{i}") for i in range(1, n + 1)]
+
+
+# ------------------------------------------------------------------ attach
+
+def test_one_apply_connects_formats_mounts_probes_and_renders(host: FakeHost) -> None:
+    result = run(host, pool_yaml(host))
+    assert result.ok, result.errors
+    assert kinds(result).count("nvme.connect") == 1
+    assert kinds(result).count("mkfs.xfs") == 2 and kinds(result).count("mount") == 2
+    assert "engine.dir" in kinds(result) and "engine.render" in kinds(result)
+    mounts = ns_mounts(host)
+    assert host.mounts() == dict(zip(mounts, ["/dev/nvme2n1", "/dev/nvme2n2"], strict=True))
+    for nsid in (1, 2):
+        uuid = str(filesystem_uuid(HOST, namespace_uuid(NQN, nsid)))
+        assert host.content[f"/dev/nvme2n{nsid}"]["UUID"] == uuid
+    assert host.probed == mounts
+    probes = json.loads((host.root / "state/probes/kv.json").read_text())
+    assert [p["path"] for p in probes] == mounts
+    renders = host.root / "state/engines/kv"
+    assert sorted(p.name for p in renders.iterdir()) == ["lmcache", "vllm"]
+    assert "file://" + mounts[0] + "/lmcache/" in (renders / "lmcache/lmcache.yaml").read_text()
+    rec = state(host)["kv"]
+    assert rec["complete"] and rec["mounts"] == mounts and rec["hostnqn"] == HOST
+    assert [s["subsysnqn"] for s in rec["subsystems"]] == [NQN]
+    assert str(host.root / "mnt") in rec["created_dirs"]
+
+
+def test_second_apply_changes_nothing_and_runs_no_mutating_command(host: FakeHost) -> None:
+    run(host, pool_yaml(host))
+    calls = len(host.runner.calls)
+    again = run(host, pool_yaml(host))
+    assert again.ok and not again.changed, again.actions
+    mutating = [c for c in host.runner.calls[calls:]
+                if c[0] in ("mkfs.xfs", "mount", "umount", "vgcreate", "lvcreate")
+                or c[:2] in (("nvme", "connect"), ("nvme", "disconnect"))]
+    assert mutating == []
+
+
+def test_plan_changes_nothing(host: FakeHost) -> None:
+    plan = run(host, pool_yaml(host), dry_run=True)
+    assert plan.ok and plan.changed
+    assert kinds(plan, "planned") == ["nvme.connect", "attach"]
+    assert host.runner.ran("nvme", "connect") == [] and host.runner.ran("mkfs.xfs") == []
+    assert not (host.root / "state/initiator.json").exists()
+
+
+def test_plan_of_an_attached_pool_is_empty(host: FakeHost) -> None:
+    run(host, pool_yaml(host))
+    plan = run(host, pool_yaml(host), dry_run=True)
+    assert plan.ok and not plan.changed, plan.actions
+
+
+def test_own_filesystem_is_mounted_again_without_mkfs(host: FakeHost) -> None:
+    """After a reboot: the xfs carries this host's deterministic uuid, so it is kept."""
+    for nsid in (1, 2):
+        host.content[f"/dev/nvme2n{nsid}"] = {
+            "TYPE": "xfs", "UUID": str(filesystem_uuid(HOST, namespace_uuid(NQN, nsid))).upper()}
+    result = run(host, pool_yaml(host))
+    assert result.ok, result.errors
+    assert host.runner.ran("mkfs.xfs") == [] and kinds(result).count("mount") == 2
+
+
+@pytest.mark.parametrize("props", [
+    {"TYPE": "ext4", "UUID": "3f1d2c4b-0000-4000-8000-000000000001"},
+    {"TYPE": "xfs", "UUID": "3f1d2c4b-0000-4000-8000-000000000002"},
+    {"PTTYPE": "gpt"},
+])
+def test_foreign_content_is_refused_and_the_connection_is_recorded(host: FakeHost,
+                                                                   props: dict) -> None:
+    host.content["/dev/nvme2n2"] = dict(props)
+    result = run(host, pool_yaml(host))
+    [error] = result.errors
+    assert error.pool == "kv" and "refusing to format /dev/nvme2n2" in error.message
+    assert error.hint and "never" in error.hint
+    assert host.content["/dev/nvme2n2"] == props
+    assert [c[-1] for c in host.runner.ran("mkfs.xfs")] == ["/dev/nvme2n1"]
+    rec = state(host)["kv"]
+    assert not rec["complete"] and [s["subsysnqn"] for s in rec["subsystems"]] == [NQN]
+
+    # The pool leaves the config: what the failed attach did is undone.
+    detached = run(host)
+    assert detached.ok, detached.errors
+    assert host.mounts() == {} and host.sysfs.controllers() == []
+    assert state(host) == {}
+
+
+def test_shared_subsystem_refused_for_a_per_host_pool(host: FakeHost) -> None:
+    host.exports = [Export(SHARED, [1])]
+    result = run(host, pool_yaml(host, engines=""))
+    [error] = result.errors
+    assert "shared subsystem" in error.message and "shared: true" in error.hint
+    assert host.runner.ran("nvme", "connect") == [] and state(host) == {}
+    plan = run(host, pool_yaml(host, engines=""), dry_run=True)
+    assert [e.message for e in plan.errors] == [error.message]
+
+
+def test_shared_pool_connects_only(host: FakeHost) -> None:
+    host.exports = [Export(SHARED, [1])]
+    result = run(host, pool_yaml(host, shared=True, engines=""))
+    assert result.ok, result.errors
+    assert kinds(result) == ["nvme.connect"]
+    assert host.runner.ran("blkid") == [] and host.runner.ran("mkfs.xfs") == []
+    assert host.mounts() == {} and not (host.root / "mnt").exists()
+    assert state(host)["kv"]["mounts"] == []
+    gone = run(host)
+    assert kinds(gone) == ["nvme.disconnect"] and host.sysfs.controllers() == []
+
+
+def test_small_namespace_gets_a_clear_error_not_mkfs(host: FakeHost) -> None:
+    host.exports = [Export(NQN, [1], size=256 << 20)]
+    result = run(host, pool_yaml(host))
+    [error] = result.errors
+    assert "xfs needs at least 300000000 bytes" in error.message
+    assert "namespaces.size" in error.hint
+    assert host.runner.ran("mkfs.xfs") == []
+
+
+def test_files_in_an_unmounted_mount_directory_are_not_hidden(host: FakeHost) -> None:
+    ns1 = host.root / "mnt/kv/ns1"
+    ns1.mkdir(parents=True)
+    (ns1 / "cache.bin").write_text("written while the pool was not mounted")
+    result = run(host, pool_yaml(host))
+    assert any("would hide them" in e.message for e in result.errors), result.errors
+    assert str(ns1) not in host.mounts() and (ns1 / "cache.bin").exists()
+
+
+def test_waits_for_a_reconnecting_controller_before_listing_namespaces(host: FakeHost) -> None:
+    run(host, pool_yaml(host))
+    host.set_state("nvme2", "connecting")
+    host.on_sleep = lambda: host.now >= 1.0 and host.set_state("nvme2", "live")
+    result = run(host, pool_yaml(host))
+    assert result.ok and not result.changed, result.errors
+    assert sum(host.sleeps) >= 1.0
+
+
+def test_controller_that_stays_down_is_reported_without_touching_mounts(host: FakeHost) -> None:
+    run(host, pool_yaml(host))
+    host.set_state("nvme2", "connecting")
+    listed = len(host.runner.ran("nvme", "list-ns"))
+    result = run(host, pool_yaml(host))
+    [error] = result.errors
+    assert "no live controller" in error.message and "nvme2 connecting" in error.message
+    assert len(host.runner.ran("nvme", "list-ns")) == listed
+    assert len(host.mounts()) == 2 and state(host)["kv"]["mounts"] == ns_mounts(host)
+
+
+# ------------------------------------------------------------------ detach
+
+def test_detach_unmounts_disconnects_and_removes_what_it_made(host: FakeHost) -> None:
+    run(host, pool_yaml(host))
+    result = run(host)
+    assert result.ok, result.errors
+    assert kinds(result)[:3] == ["umount", "umount", "nvme.disconnect"]
+    assert host.mounts() == {} and host.sysfs.controllers() == []
+    assert not (host.root / "mnt").exists()
+    assert not (host.root / "state/engines/kv").exists()
+    assert not (host.root / "state/probes/kv.json").exists()
+    assert state(host) == {}
+    assert run(host).actions == []
+
+
+def test_detach_keeps_a_directory_it_did_not_make(host: FakeHost) -> None:
+    (host.root / "mnt").mkdir()
+    run(host, pool_yaml(host))
+    run(host)
+    assert (host.root / "mnt").is_dir() and not (host.root / "mnt/kv").exists()
+
+
+def test_busy_mount_is_an_error_and_nothing_is_disconnected(host: FakeHost) -> None:
+    run(host, pool_yaml(host))
+    host.busy.add(ns_mounts(host)[0])
+    result = run(host)
+    [error] = result.errors
+    assert "is busy" in error.message and "never lazy-unmounts" in error.hint
+    assert all("-l" not in c for c in host.runner.ran("umount"))
+    assert host.runner.ran("nvme", "disconnect") == [] and "kv" in state(host)
+    host.busy.clear()
+    assert run(host).ok and state(host) == {}
+
+
+def test_detach_leaves_a_filesystem_that_is_not_the_pools(host: FakeHost) -> None:
+    run(host, pool_yaml(host))
+    mount = ns_mounts(host)[0]
+    host.runner(["umount", mount])
+    host.mount_line("/dev/sdz1", mount, number="8:17")
+    result = run(host)
+    [error] = result.errors
+    assert "not unmounting" in error.message and "/dev/sdz1" in error.message
+    assert mount in host.mounts() and "kv" in state(host)
+
+
+def test_changed_mount_path_moves_the_pool(host: FakeHost) -> None:
+    run(host, pool_yaml(host))
+    new = str(host.root / "elsewhere")
+    result = run(host, pool_yaml(host, mount=new))
+    assert result.ok, result.errors
+    assert sorted(host.mounts()) == [f"{new}/ns1", f"{new}/ns2"]
+    assert state(host)["kv"]["mounts"] == [f"{new}/ns1", f"{new}/ns2"]
+
+
+def test_engine_removed_from_config_loses_its_renders(host: FakeHost) -> None:
+    run(host, pool_yaml(host))
+    result = run(host, pool_yaml(host, engines="lmcache"))
+    assert result.ok
+    assert "engine.unrender" in kinds(result)
+    assert [p.name for p in (host.root / "state/engines/kv").iterdir()] == ["lmcache"]
+
+
+# ----------------------------------------------------------------- striped
+
+def test_striped_pool_makes_one_tagged_volume_and_detaches_it(host: FakeHost) -> None:
+    result = run(host, pool_yaml(host, layout="striped"))
+    assert result.ok, result.errors
+    [vgcreate] = host.runner.ran("vgcreate")
+    assert vgcreate[-3:] == ("kvs_kv", "/dev/nvme2n1", "/dev/nvme2n2")
+    assert {"kvagent", "kvagent_pool=kv", "kvagent_role=initiator"} <= set(vgcreate)
+    [lvcreate] = host.runner.ran("lvcreate")
+    assert lvcreate[lvcreate.index("-i") + 1] == "2"
+    assert host.mounts() == {str(host.root / "mnt/kv"): "/dev/kvs_kv/data"}
+    assert host.content["/dev/kvs_kv/data"]["TYPE"] == "xfs"
+    assert kinds(result)[:3] == ["nvme.connect", "lvm.striped", "mkfs.xfs"]
+
+    again = run(host, pool_yaml(host, layout="striped"))
+    assert again.ok and not again.changed and len(host.runner.ran("vgcreate")) == 1
+
+    gone = run(host)
+    assert gone.ok, gone.errors
+    assert kinds(gone)[:3] == ["umount", "lvm.deactivate", "nvme.disconnect"]
+    assert host.vgs["kvs_kv"]["active"] is False
+
+
+def test_striped_detach_stops_when_the_volume_stays_active(host: FakeHost) -> None:
+    run(host, pool_yaml(host, layout="striped"))
+    host.refuse_vgchange_an = True
+    result = run(host)
+    [error] = result.errors
+    assert "cannot deactivate volume group kvs_kv" in error.message
+    assert host.runner.ran("nvme", "disconnect") == [] and "kv" in state(host)
+
+
+# ------------------------------------------------------------------ records
+
+def test_merge_keeps_what_a_failed_attach_did() -> None:
+    old = {"subsystems": [{"subsysnqn": "a"}], "mounts": ["/m/ns1"], "devices": [],
+           "created_dirs": ["/m"], "complete": True}
+    failed = {"subsystems": [{"subsysnqn": "b"}], "mounts": ["/n/ns1"], "devices": [],
+              "created_dirs": ["/n"], "complete": False}
+    merged = merge_record(old, failed)
+    assert merged["subsystems"] == [{"subsysnqn": "a"}, {"subsysnqn": "b"}]
+    assert merged["mounts"] == ["/m/ns1", "/n/ns1"] and merged["created_dirs"] == ["/m", "/n"]
+    done = merge_record(old, {**failed, "complete": True})
+    assert done["subsystems"] == [{"subsysnqn": "b"}] and done["created_dirs"] == ["/m", "/n"]

@@ -1,0 +1,97 @@
+"""Striped layout: one tagged LVM striped volume; foreign PVs and data refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.errors import KvagentError
+from agent.initiator.filesystem import ForeignFilesystem
+from agent.initiator.striped import (
+    deactivate,
+    dm_name,
+    ensure_striped_volume,
+    list_pvs,
+    vg_tags,
+    volume_path,
+)
+from tests.unit.fakerunner import FakeRunner
+
+DEVS = ["/dev/nvme2n1", "/dev/nvme2n2"]
+TAGS = "kvagent,kvagent_pool=kv,kvagent_role=initiator"
+
+
+def pvs(rows: list[tuple[str, str, str]], rc: int = 0) -> str:
+    return json.dumps({"report": [{"pv": [{"pv_name": d, "vg_name": vg, "vg_tags": t}
+                                          for d, vg, t in rows]}]})
+
+
+def runner(pv_rows: list[tuple[str, str, str]], rc: int = 0, blkid: str = "",
+           blkid_rc: int = 2) -> FakeRunner:
+    return (FakeRunner().on(["pvs"], pvs(pv_rows), rc).on(["blkid"], blkid, blkid_rc)
+            .on(["vgcreate"]).on(["lvcreate"]).on(["vgchange"]))
+
+
+def test_blank_devices_become_one_tagged_striped_volume() -> None:
+    r = runner([], rc=5)
+    assert ensure_striped_volume("kv", DEVS, r) == ("/dev/kvs_kv/data", True)
+    [vg] = r.ran("vgcreate")
+    assert vg == ("vgcreate", "-y", "--addtag", "kvagent", "--addtag", "kvagent_pool=kv",
+                  "--addtag", "kvagent_role=initiator", "kvs_kv", *DEVS)
+    [lv] = r.ran("lvcreate")
+    assert lv[lv.index("-i") + 1] == "2" and lv[lv.index("-l") + 1] == "100%FREE"
+    assert lv[-1] == "kvs_kv" and lv[lv.index("-n") + 1] == "data"
+
+
+def test_own_volume_group_is_activated_not_recreated() -> None:
+    r = runner([(d, "kvs_kv", TAGS) for d in DEVS])
+    assert ensure_striped_volume("kv", DEVS, r) == ("/dev/kvs_kv/data", False)
+    assert r.ran("vgcreate") == [] and r.ran("vgchange") == [("vgchange", "-ay", "kvs_kv")]
+
+
+@pytest.mark.parametrize(("vg", "tags"), [
+    ("data", "kvagent"), ("kvs_kv", ""), ("kvs_kv", "kvagent,kvagent_pool=other"),
+])
+def test_a_pv_of_another_group_is_refused(vg: str, tags: str) -> None:
+    r = runner([(DEVS[0], vg, tags)], rc=5)
+    with pytest.raises(ForeignFilesystem, match="refusing /dev/nvme2n1: it is an LVM"):
+        ensure_striped_volume("kv", DEVS, r)
+    assert r.ran("vgcreate") == [] and r.ran("vgchange") == []
+
+
+def test_data_on_a_device_is_refused() -> None:
+    r = runner([], rc=5, blkid="TYPE=ext4\nUUID=x\n", blkid_rc=0)
+    with pytest.raises(ForeignFilesystem, match="it holds ext4"):
+        ensure_striped_volume("kv", DEVS, r)
+    assert r.ran("vgcreate") == []
+
+
+def test_new_namespaces_next_to_an_existing_volume_are_an_error() -> None:
+    r = runner([(DEVS[0], "kvs_kv", TAGS)], rc=5)
+    with pytest.raises(KvagentError, match="cannot grow in place"):
+        ensure_striped_volume("kv", DEVS, r)
+    assert r.ran("vgcreate") == [] and r.ran("vgchange") == []
+
+
+def test_pvs_failure_is_not_an_empty_answer() -> None:
+    r = FakeRunner().on(["pvs"], "", 3, "  Reading VG failed")
+    with pytest.raises(KvagentError, match="pvs failed"):
+        list_pvs(r, DEVS)
+
+
+def test_deactivate_reports_what_happened() -> None:
+    assert deactivate("kv", FakeRunner().on(["vgchange"])) is True
+    gone = FakeRunner().on(["vgchange"], "", 5, '  Volume group "kvs_kv" not found')
+    assert deactivate("kv", gone) is False
+    busy = FakeRunner().on(["vgchange"], "", 5,
+                           "  Logical volume kvs_kv/data in use.\n  Can't deactivate")
+    with pytest.raises(KvagentError, match="cannot deactivate volume group kvs_kv") as exc:
+        deactivate("kv", busy)
+    assert "dmsetup info -c kvs_kv-data" in exc.value.hint
+
+
+def test_names() -> None:
+    assert volume_path("kv") == "/dev/kvs_kv/data"
+    assert dm_name("my-pool") == "kvs_my--pool-data"
+    assert vg_tags("kv") == ("kvagent", "kvagent_pool=kv", "kvagent_role=initiator")

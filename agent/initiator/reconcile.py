@@ -36,6 +36,7 @@ from ..log import get_logger
 from ..naming import filesystem_uuid, parse_subsystem_nqn
 from ..result import ActionRecord, RunResult
 from ..state import read_json, write_json
+from ..system.modules import ensure_modules
 from ..system.run import Runner
 from .connect import Target, connect, disconnect_controllers, find_controllers, pool_entries
 from .devices import NamespaceDevice, wait_for_namespaces
@@ -198,10 +199,8 @@ class InitiatorPass:
 
     def _load_modules(self, pools: list[InitiatorPool]) -> None:
         transports = sorted({t.transport for p in pools for t in p.targets})
-        for m in ["nvme-fabrics", *(f"nvme-{t}" for t in transports)]:
-            res = self.runner(["modprobe", m], timeout=60, check=False)
-            if not res.ok:
-                log.warning("modprobe failed", module=m, error=res.stderr.strip())
+        ensure_modules(["nvme-fabrics", *(f"nvme-{t}" for t in transports)], self.runner,
+                       self.cfg.node.sysfs)
 
     # ------------------------------------------------------------------ attach
     def _discover(self, pool: InitiatorPool, hostnqn: str,

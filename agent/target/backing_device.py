@@ -17,6 +17,7 @@ from ..state import read_json, write_json
 from ..system.run import Runner
 from .safety import ensure_blank, resolve_block_device
 from .steps import BackingPlan, Step, Volume
+from .usage import DeviceUsage
 
 CLAIMS = "device-claims.json"
 
@@ -52,28 +53,43 @@ def _device_size(device: str) -> int:
 
 
 def plan_device(pool: TargetPool, runner: Runner, state_dir: Path,
-                exported: dict[str, str]) -> BackingPlan:
+                exported: dict[str, str], usage: DeviceUsage | None = None) -> BackingPlan:
     """Volumes and steps for a whole-device pool.
 
     ``exported`` maps real device nodes to the NQN of the subsystem that
     exports them now (from the live nvmet tree): a device exported by one of
-    this pool's own subsystems is already in use by this pool.
+    this pool's own subsystems is already in use by this pool. ``usage`` knows
+    every other pool's devices: a device another pool uses is refused.
     """
     backing = pool.backing
     assert isinstance(backing, DeviceBacking)
     plan = BackingPlan()
     claims = read_claims(state_dir)
     per_host: dict[str | None, int] = {}
+    seen: dict[str, str] = {}
     for entry in backing.devices:
         host = None if pool.shared else entry.host
         nsid = per_host[host] = per_host.get(host, 0) + 1
         plan.volumes.append(Volume(pool.name, host, nsid, entry.path, None))
+        real_now = os.path.realpath(entry.path)
+        if real_now in seen:
+            plan.errors.append(f"pool {pool.name}: {entry.path} is the same device as "
+                               f"{seen[real_now]} ({real_now}); list each device once")
+            continue
+        seen[real_now] = entry.path
         claim = claims.get(entry.path)
         if claim is not None:
             if claim.get("pool") != pool.name or claim.get("host") != host:
                 plan.errors.append(
                     f"pool {pool.name}: {entry.path} is claimed by pool {claim.get('pool')!r} "
                     f"(host {claim.get('host')!r}); destroy that pool first or use another")
+            continue
+        others = usage.conflicts(entry.path, pool.name, "device") if usage else []
+        if others:
+            plan.errors.append(
+                f"pool {pool.name}: refusing to export {entry.path} ({real_now}): it is "
+                f"{'; '.join(others)}. A device serves one pool only: remove it from one "
+                "of them")
             continue
         try:
             real, _ = resolve_block_device(entry.path)

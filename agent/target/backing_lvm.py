@@ -9,6 +9,7 @@ carries the ``kvagent`` tag too.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 from ..config.model import LvmBacking, TargetPool
@@ -18,6 +19,7 @@ from ..naming import LVM_OWNER_TAG, lv_name, lv_tags
 from ..system.run import Runner
 from .safety import ensure_blank
 from .steps import BackingPlan, Step, Volume
+from .usage import DeviceUsage
 
 log = get_logger("lvm")
 LVM_TIMEOUT = 120.0
@@ -95,27 +97,51 @@ def _round_up(size: int, extent: int) -> int:
 
 
 def plan_lvm(pool: TargetPool, hosts: list[str | None], runner: Runner,
-             vgs: dict[str, VolumeGroup], owned: list[LogicalVolume]) -> BackingPlan:
-    """Volumes and steps for an LVM-backed pool (creates VG, creates/extends LVs)."""
+             vgs: dict[str, VolumeGroup], owned: list[LogicalVolume], *,
+             usage: DeviceUsage | None = None,
+             creating: dict[str, tuple[str, tuple[str, ...]]] | None = None) -> BackingPlan:
+    """Volumes and steps for an LVM-backed pool (creates VG, creates/extends LVs).
+
+    ``usage`` knows the devices of every pool: a device another pool uses is
+    refused. ``creating`` maps volume groups that an earlier pool of this pass
+    creates to (that pool, its devices); this pool then does not create it again.
+    """
     backing = pool.backing
     assert isinstance(backing, LvmBacking) and pool.namespaces is not None
     plan = BackingPlan()
+    creating = {} if creating is None else creating
     vg = vgs.get(backing.volume_group)
     extent = vg.extent_size if vg else 4 * 1024 * 1024
-    if vg is None:
+    if vg is None and backing.volume_group in creating:
+        first, devices = creating[backing.volume_group]
+        if backing.devices and tuple(backing.devices) != devices:
+            plan.errors.append(
+                f"pool {pool.name}: volume group {backing.volume_group} is created by pool "
+                f"{first} on {', '.join(devices)}; list the same devices (or none) here")
+            return plan
+    elif vg is None:
         if not backing.devices:
             plan.errors.append(
                 f"pool {pool.name}: volume group {backing.volume_group!r} does not exist; "
                 "create it, or list blank devices under backing.devices for kvagent to use")
             return plan
         blank = []
+        role = f"vg:{backing.volume_group}"
         for dev in backing.devices:
+            others = usage.conflicts(dev, pool.name, role) if usage else []
+            if others:
+                plan.errors.append(
+                    f"pool {pool.name}: refusing to create volume group on {dev} "
+                    f"({os.path.realpath(dev)}): it is {'; '.join(others)}. A device serves "
+                    "one pool only: remove it from one of them")
+                continue
             try:
                 blank.append(ensure_blank(dev, "create volume group on", runner))
             except KvagentError as exc:
                 plan.errors.append(f"pool {pool.name}: {exc}")
         if plan.errors:
             return plan
+        creating[backing.volume_group] = (pool.name, tuple(backing.devices))
         plan.steps.append(Step(
             "lvm.vgcreate", pool.name, backing.volume_group,
             f"on {', '.join(backing.devices)}",

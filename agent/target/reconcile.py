@@ -29,12 +29,14 @@ from ..log import get_logger
 from ..naming import parse_subsystem_nqn
 from ..result import ActionRecord, RunResult
 from ..state import read_json, write_json
+from ..system.modules import ensure_modules
 from ..system.run import Runner
-from .backing_device import plan_device
+from .backing_device import plan_device, read_claims
 from .backing_file import plan_file
 from .backing_lvm import list_owned_volumes, list_volume_groups, plan_lvm
 from .export import desired_hosts, desired_port, export_pool, pool_hosts
 from .steps import BackingPlan
+from .usage import DeviceUsage, device_usage
 
 log = get_logger("target")
 STATE_FILE = "target.json"
@@ -92,11 +94,17 @@ class TargetPass:
         parsed = parse_subsystem_nqn(self.cfg.node.nqn_prefix, nqn)
         return parsed[1] if parsed and parsed[0] == self.cfg.node.name else None
 
-    def _record_nvmet(self, action: Action, status: str, error: str | None = None) -> None:
+    def _action_pool(self, action: Action) -> str | None:
+        """The pool an nvmet action belongs to (None for shared ports and hosts)."""
         parts = action.path.split("/")
-        pool = self._pool_of(parts[1]) if parts[0] == "subsystems" and len(parts) > 1 else None
-        if parts[0] == "ports" and "subsystems" in parts and len(parts) > 3:
-            pool = self._pool_of(parts[3])
+        if parts[0] == "subsystems" and len(parts) > 1:
+            return self._pool_of(parts[1])
+        if parts[0] == "ports" and len(parts) > 3 and parts[2] == "subsystems":
+            return self._pool_of(parts[3])
+        return None
+
+    def _record_nvmet(self, action: Action, status: str, error: str | None = None) -> None:
+        pool = self._action_pool(action)
         self.result.actions.append(ActionRecord(
             "target", pool, f"nvmet.{action.op}", action.path,
             action.value if action.op == "write" else str(action), status, error))
@@ -105,10 +113,7 @@ class TargetPass:
         modules = ["nvmet"]
         transports = {p.transport for p in self.cfg.target.ports} if self.cfg.target else set()
         modules += [f"nvmet-{t}" for t in sorted(transports)]
-        for m in modules:
-            res = self.runner(["modprobe", m], timeout=60, check=False)
-            if not res.ok:
-                log.warning("modprobe failed", module=m, error=res.stderr.strip())
+        ensure_modules(modules, self.runner, self.cfg.node.sysfs)
 
     # -------------------------------------------------------------------- pass
     def run(self) -> None:
@@ -158,22 +163,28 @@ class TargetPass:
         vgs = owned = None
         exported = {os.path.realpath(ns.device_path): sub.nqn
                     for sub in live.subsystems.values() for ns in sub.namespaces.values()
-                    if ns.device_path}
+                    if ns.device_path and ns.device_path.startswith("/dev/")}
+        usage: DeviceUsage | None = None
+        creating: dict[str, tuple[str, tuple[str, ...]]] = {}
         for pool in pools:
             hosts = pool_hosts(pool)
             try:
+                if usage is None and isinstance(pool.backing, (LvmBacking, DeviceBacking)):
+                    usage = device_usage(pools, read_claims(self.state_dir), exported,
+                                         {nqn: self._pool_of(nqn) for nqn in exported.values()})
                 if isinstance(pool.backing, LvmBacking):
                     if vgs is None:
                         vgs, owned = list_volume_groups(self.runner), \
                             list_owned_volumes(self.runner)
-                    plan = plan_lvm(pool, hosts, self.runner, vgs, owned or [])
+                    plan = plan_lvm(pool, hosts, self.runner, vgs, owned or [], usage=usage,
+                                    creating=creating)
                 elif isinstance(pool.backing, FileBacking):
                     plan = plan_file(pool, hosts)
                 else:
                     assert isinstance(pool.backing, DeviceBacking)
-                    own = {dev: nqn for dev, nqn in exported.items()
-                           if self._pool_of(nqn) != pool.name}
-                    plan = plan_device(pool, self.runner, self.state_dir, own)
+                    others = {dev: nqn for dev, nqn in exported.items()
+                              if self._pool_of(nqn) != pool.name}
+                    plan = plan_device(pool, self.runner, self.state_dir, others, usage)
                     if not hosts:
                         plan.steps, plan.volumes = [], []
             except KvagentError as exc:
@@ -296,10 +307,21 @@ class TargetPass:
             self._record_nvmet(a, "failed", str(err))
             msg = err.message
             if isinstance(err, AddressNotAvailable):
-                msg += f" (waited {time.monotonic() - started:.0f}s of target.address_wait)"
-            self.result.error("target", None, msg, err.hint)
+                msg = self._address_message(a, time.monotonic() - started, wait)
+            self.result.error("target", self._action_pool(a), msg, err.hint)
         for a in final.skipped:
             self._record_nvmet(a, "skipped")
+
+    def _address_message(self, action: Action, waited: float, wait: float) -> str:
+        parts = action.path.split("/")
+        pid = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+        pc = next((p for p in self.cfg.target.ports if p.id == pid), None) \
+            if self.cfg.target else None
+        where = (f"port {pc.name} (nvmet port {pid}, {pc.transport} {pc.address}:{pc.service})"
+                 if pc else f"nvmet port {pid}")
+        what = f"; subsystem {parts[3]} is not exported on it" if len(parts) > 3 else ""
+        return (f"{where}: the address is not configured on this host; gave up after "
+                f"{waited:.0f}s (target.address_wait: {wait:g}s){what}")
 
     def _save_state(self, state: TargetState, before: Tree, pools: list[TargetPool],
                     failed: set[str], port_ids: set[int]) -> None:

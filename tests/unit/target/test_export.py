@@ -1,0 +1,127 @@
+"""From pools to nvmet objects: per-host subsystems, shared ones, ACLs, ids, ports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from agent.config import parse_config
+from agent.config.model import Config
+from agent.target.export import (
+    desired_hosts,
+    desired_port,
+    export_pool,
+    pool_hosts,
+    pool_subsystem_nqns,
+    serial_for,
+)
+from agent.target.steps import Volume
+from nvmet.ids import namespace_nguid, namespace_uuid
+
+H1 = "nqn.2014-08.org.nvmexpress:uuid:2b7e1a3c-0d4f-4b6a-9c1e-5f2a7d9e0b11"
+H2 = "nqn.2014-08.org.nvmexpress:uuid:6c3f2b4d-1e5a-4c7b-8d2f-6a3b8e0f1c22"
+PREFIX = "nqn.2026-11.io.kvagent:stor"
+
+
+def config(**pool: Any) -> Config:
+    base = {"name": "kv", "ports": ["t", "r"],
+            "backing": {"kind": "file", "directory": "/srv/kv"},
+            "namespaces": {"count": 2, "size": "4MiB"},
+            "hosts": [{"name": "gpu-1", "nqn": H1}, {"name": "gpu-2", "nqn": H2}]}
+    base.update(pool)
+    data = {"version": 1, "node": {"name": "stor"}, "target": {
+        "ports": [{"name": "t", "id": 1, "transport": "tcp", "address": "10.0.0.1"},
+                  {"name": "r", "id": 2, "transport": "rdma", "address": "fd00::1",
+                   "service": 4421, "inline_data_size": 16384},
+                  {"name": "unused", "id": 3, "transport": "tcp", "address": "10.0.0.2"}],
+        "pools": [base]}}
+    return parse_config(yaml.safe_dump(data))
+
+
+def volumes(hosts: list[str | None], count: int = 2, size: int | None = 4 << 20,
+            buffered: bool = False) -> list[Volume]:
+    return [Volume("kv", h, n, f"/srv/kv/kv/{h or 'shared'}/ns{n}.img", size, buffered)
+            for h in hosts for n in range(1, count + 1)]
+
+
+def test_each_host_gets_its_own_subsystem_namespaces_and_acl() -> None:
+    cfg = config()
+    pool = cfg.target.pools[0]
+    assert pool_hosts(pool) == ["gpu-1", "gpu-2"]
+    assert pool_subsystem_nqns(cfg, pool) == {"gpu-1": f"{PREFIX}:kv:gpu-1",
+                                              "gpu-2": f"{PREFIX}:kv:gpu-2"}
+    export = export_pool(cfg, pool, volumes(["gpu-1", "gpu-2"]), frozenset())
+    assert export.ports == (1, 2)
+    assert export.hosts == tuple(sorted([H1, H2]))
+    subs = {s.nqn: s for s in export.subsystems}
+    one, two = subs[f"{PREFIX}:kv:gpu-1"], subs[f"{PREFIX}:kv:gpu-2"]
+    assert one.allowed_hosts == {H1} and two.allowed_hosts == {H2}
+    assert [ns.device_path for ns in one.namespaces.values()] == [
+        "/srv/kv/kv/gpu-1/ns1.img", "/srv/kv/kv/gpu-1/ns2.img"]
+    assert [ns.device_path for ns in two.namespaces.values()] == [
+        "/srv/kv/kv/gpu-2/ns1.img", "/srv/kv/kv/gpu-2/ns2.img"]
+    for sub in (one, two):
+        assert sub.attrs["allow_any_host"] == "0"
+        assert sub.attrs["model"] == "kvagent" and sub.attrs["serial"] == serial_for(sub.nqn)
+        for ns in sub.namespaces.values():
+            assert ns.device_uuid == namespace_uuid(sub.nqn, ns.nsid)
+            assert ns.device_nguid == namespace_nguid(sub.nqn, ns.nsid)
+            assert ns.enable is True and ns.buffered_io is False
+    assert len(serial_for(one.nqn)) == 20 and serial_for(one.nqn) != serial_for(two.nqn)
+
+
+def test_model_and_serial_are_written_only_when_the_subsystem_is_new() -> None:
+    cfg = config()
+    existing = frozenset({f"{PREFIX}:kv:gpu-1"})
+    export = export_pool(cfg, cfg.target.pools[0], volumes(["gpu-1", "gpu-2"]), existing)
+    subs = {s.nqn: s for s in export.subsystems}
+    assert "model" not in subs[f"{PREFIX}:kv:gpu-1"].attrs
+    assert "serial" not in subs[f"{PREFIX}:kv:gpu-1"].attrs
+    assert subs[f"{PREFIX}:kv:gpu-2"].attrs["model"] == "kvagent"
+
+
+def test_shared_pool_is_one_subsystem_for_all_hosts() -> None:
+    cfg = config(shared=True)
+    pool = cfg.target.pools[0]
+    assert pool_hosts(pool) == [None]
+    (sub,) = export_pool(cfg, pool, volumes([None]), frozenset()).subsystems
+    assert sub.nqn == f"{PREFIX}:kv"
+    assert sub.allowed_hosts == {H1, H2} and sub.attrs["allow_any_host"] == "0"
+
+
+def test_allow_any_host_is_explicit_and_lists_no_hosts() -> None:
+    cfg = config(shared=True, allow_any_host=True, hosts=[])
+    (sub,) = export_pool(cfg, cfg.target.pools[0], volumes([None]), frozenset()).subsystems
+    assert sub.attrs["allow_any_host"] == "1" and sub.allowed_hosts == frozenset()
+
+
+def test_no_hosts_exports_nothing() -> None:
+    for cfg in (config(hosts=[]), config(hosts=[], shared=True)):
+        pool = cfg.target.pools[0]
+        assert pool_hosts(pool) == []
+        export = export_pool(cfg, pool, [], frozenset())
+        assert export.subsystems == () and export.hosts == ()
+
+
+def test_device_volumes_leave_buffered_io_alone_and_files_can_ask_for_it() -> None:
+    cfg = config()
+    pool = cfg.target.pools[0]
+    devices = export_pool(cfg, pool, volumes(["gpu-1"], 1, size=None), frozenset())
+    (ns,) = devices.subsystems[0].namespaces.values()
+    assert ns.buffered_io is None and "buffered_io" not in ns.files()
+    files = export_pool(cfg, pool, volumes(["gpu-1"], 1, buffered=True), frozenset())
+    assert files.subsystems[0].namespaces[1].buffered_io is True
+
+
+def test_ports_carry_family_service_and_params() -> None:
+    cfg = config()
+    tcp, rdma, _ = cfg.target.ports
+    port = desired_port(rdma, ["nqn.a", "nqn.b"])
+    assert port.id == 2 and port.subsystems == {"nqn.a", "nqn.b"}
+    assert dict(port.addr) == {"trtype": "rdma", "adrfam": "ipv6", "traddr": "fd00::1",
+                               "trsvcid": "4421"}
+    assert dict(port.params) == {"inline_data_size": "16384"}
+    plain = desired_port(tcp, [])
+    assert dict(plain.addr)["adrfam"] == "ipv4" and dict(plain.params) == {}
+    assert [h.nqn for h in desired_hosts([H2, H1, H2])] == sorted([H1, H2])

@@ -1,0 +1,92 @@
+"""The file backing checks the filesystem under the pool directory before planning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.config import parse_config
+from agent.config.model import TargetPool
+from agent.target import backing_file
+from agent.target.backing_file import filesystem_type, plan_file
+
+HOST = "nqn.2014-08.org.nvmexpress:uuid:2b7e1a3c-0d4f-4b6a-9c1e-5f2a7d9e0b11"
+
+
+def mountinfo(tmp_path: Path, *mounts: tuple[str, str]) -> Path:
+    lines = [f"{20 + i} 1 0:{30 + i} / {mp} rw,relatime shared:1 - {fstype} src{i} rw"
+             for i, (mp, fstype) in enumerate(mounts)]
+    path = tmp_path / "mountinfo"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_longest_containing_mount_point_wins(tmp_path: Path) -> None:
+    info = mountinfo(tmp_path, ("/", "ext4"), ("/srv", "overlay"), ("/srv/kv", "xfs"),
+                     ("/srv/kvx", "tmpfs"))
+    assert filesystem_type(Path("/srv/kv/pool"), info) == "xfs"
+    assert filesystem_type(Path("/srv/kv"), info) == "xfs"
+    assert filesystem_type(Path("/srv/kvother"), info) == "overlay", \
+        "/srv/kvx must not match /srv/kvother"
+    assert filesystem_type(Path("/srv/kvx/a"), info) == "tmpfs"
+    assert filesystem_type(Path("/var/lib"), info) == "ext4"
+
+
+def test_a_later_mount_on_the_same_point_hides_the_earlier(tmp_path: Path) -> None:
+    info = mountinfo(tmp_path, ("/", "ext4"), ("/tmp", "overlay"), ("/tmp", "tmpfs"))
+    assert filesystem_type(Path("/tmp/files"), info) == "tmpfs"
+
+
+def pool(directory: Path, buffered: bool) -> TargetPool:
+    data = {"version": 1, "node": {"name": "stor"}, "target": {
+        "ports": [{"name": "p", "id": 1, "transport": "tcp", "address": "127.0.0.1"}],
+        "pools": [{"name": "kv", "ports": ["p"], "hosts": [{"name": "gpu-1", "nqn": HOST}],
+                   "backing": {"kind": "file", "directory": str(directory),
+                               "buffered_io": buffered},
+                   "namespaces": {"count": 1, "size": "4MiB"}}]}}
+    return parse_config(yaml.safe_dump(data)).target.pools[0]
+
+
+@pytest.mark.parametrize("buffered", [False, True])
+def test_overlay_is_refused_even_with_buffered_io(tmp_path: Path, buffered: bool,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvmet exports overlayfs files with 1-byte blocks (seen on 6.1): no opt-in helps."""
+    seen: list[Path] = []
+
+    def on_overlay(path: Path) -> str:
+        seen.append(path)
+        return "overlay"
+
+    monkeypatch.setattr(backing_file, "filesystem_type", on_overlay)
+    monkeypatch.setattr(backing_file, "supports_odirect",
+                        lambda d: pytest.fail("no O_DIRECT probe on a refused filesystem"))
+    plan = plan_file(pool(tmp_path / "missing/files", buffered), ["gpu-1"])
+    assert plan.steps == [] and plan.volumes == []
+    (error,) = plan.errors
+    assert f"pool kv: {tmp_path} is on overlay" in error
+    assert "1-byte block size" in error and "tmpfs" in error
+    # The probe went to the nearest existing directory; nothing was created.
+    assert seen == [tmp_path] and not (tmp_path / "missing").exists()
+
+
+def test_tmpfs_without_odirect_is_refused_unless_buffered(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backing_file, "filesystem_type", lambda path: "tmpfs")
+    monkeypatch.setattr(backing_file, "supports_odirect",
+                        lambda d: (False, "open with O_DIRECT failed: Invalid argument"))
+    refused = plan_file(pool(tmp_path, False), ["gpu-1"])
+    assert "does not support O_DIRECT" in refused.errors[0]
+    assert "backing.buffered_io: true" in refused.errors[0]
+    allowed = plan_file(pool(tmp_path, True), ["gpu-1"])
+    assert not allowed.errors and [s.kind for s in allowed.steps] == ["file.create"]
+
+
+def test_odirect_probe_on_a_real_directory(tmp_path: Path) -> None:
+    ok, why = backing_file.supports_odirect(tmp_path)
+    if ok:
+        assert why == ""
+    else:
+        assert why.startswith(("open with O_DIRECT failed", "an aligned O_DIRECT write failed"))
+    assert list(tmp_path.iterdir()) == [], "the probe file must be removed"

@@ -220,7 +220,8 @@ class InitiatorPass:
                     f"subsystem of pool {pool.name!r} to this host ({hostnqn})",
                     f"list this host (name {self.cfg.node.name}, NQN {hostnqn}) in the pool's "
                     "hosts on the storage host and apply there; check node.nqn_prefix matches")
-            for e in mine:
+            # Sorted, so namespace i lands on mount ns<i> the same way on every apply.
+            for e in sorted(mine, key=lambda e: e.subnqn):
                 found.append(Attachment(e.subnqn, t.transport, t.address, str(t.service)))
         return found
 
@@ -253,6 +254,7 @@ class InitiatorPass:
         options = FabricsOptions.from_config(pool.connect)
         wait = self.cfg.initiator.device_wait if self.cfg.initiator else 30.0
         devices: list[NamespaceDevice] = []
+        found_in: set[str] = set()
         for a in attachments:
             target = Target(a.transport, a.traddr, a.trsvcid, a.subsysnqn, hostnqn, hostid,
                             options)
@@ -267,6 +269,9 @@ class InitiatorPass:
             if res.changed:
                 self._act(pool.name, "nvme.connect", a.subsysnqn,
                           f"{a.transport} {a.traddr}:{a.trsvcid}")
+            if a.subsysnqn in found_in:
+                continue  # another path (target address) to a subsystem already found
+            found_in.add(a.subsysnqn)
             ctrl = self._live_controller(a, res.controllers, wait)
             nsids = self.cli.list_ns(ctrl.name)
             if not nsids:

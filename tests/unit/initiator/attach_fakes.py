@@ -150,6 +150,10 @@ node:
                                 hostid=self.opt(argv, "--hostid"), transport="tcp",
                                 address=f"traddr={traddr},trsvcid=4420,src_addr=10.0.0.9",
                                 ctrl_loss_tmo="off")
+        first = next((c for c in self.sysfs.controllers()
+                      if c.subsysnqn == nqn and c.name != f"nvme{inst}"), None)
+        if first is not None:  # a second path: the kernel adds it to the same subsystem
+            return self.ok(argv, json.dumps({"device": f"nvme{inst}"}))
         self.sys.add_subsystem(inst, nqn, controllers=(inst,))
         export = self._export(nqn)
         for nsid in export.nsids:

@@ -317,3 +317,29 @@ def test_merge_keeps_what_a_failed_attach_did() -> None:
     assert merged["mounts"] == ["/m/ns1", "/n/ns1"] and merged["created_dirs"] == ["/m", "/n"]
     done = merge_record(old, {**failed, "complete": True})
     assert done["subsystems"] == [{"subsysnqn": "b"}] and done["created_dirs"] == ["/m", "/n"]
+
+
+# ------------------------------------------------------- several subsystems
+
+def test_two_paths_to_one_subsystem_mount_each_namespace_once(host: FakeHost) -> None:
+    host.exports = [Export(NQN, [1, 2]), Export(NQN, [1, 2], traddr="10.0.0.2")]
+    pool = pool_yaml(host).replace(
+        "target: {transport: tcp, address: 10.0.0.1}",
+        "targets: [{transport: tcp, address: 10.0.0.1}, {transport: tcp, address: 10.0.0.2}]")
+    result = run(host, pool)
+    assert result.ok, result.errors
+    assert kinds(result).count("nvme.connect") == 2 and len(host.sysfs.controllers()) == 2
+    assert sorted(host.mounts()) == ns_mounts(host)
+    assert run(host).ok and host.sysfs.controllers() == []
+
+
+def test_namespaces_of_several_storage_hosts_land_on_mounts_in_a_stable_order(
+        host: FakeHost) -> None:
+    other = f"{PREFIX}:store0:kv:gpu0"
+    host.exports = [Export(NQN, [1]), Export(other, [1])]  # discovery lists store1 first
+    result = run(host, pool_yaml(host, engines=""))
+    assert result.ok, result.errors
+    by_mount = {m: host.content[src]["UUID"] for m, src in host.mounts().items()}
+    assert by_mount == {
+        ns_mounts(host)[0]: str(filesystem_uuid(HOST, namespace_uuid(other, 1))),
+        ns_mounts(host)[1]: str(filesystem_uuid(HOST, namespace_uuid(NQN, 1)))}

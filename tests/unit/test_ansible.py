@@ -374,6 +374,50 @@ def test_shared_identities_fail_naming_the_hosts(tmp_path: Path) -> None:
     assert "gpu-c has the same" not in output
 
 
+# --- systemd files -----------------------------------------------------------------------
+
+SERVICE_PLAY = """\
+- name: Install the systemd files with the role's service tasks
+  hosts: all
+  gather_facts: false
+  vars:
+    kvagent_venv: /srv/kv/venv
+    kvagent_config_file: /srv/kv/etc/agent.yaml
+    kvagent_systemd_unit_dir: {root}/system
+    kvagent_modules_load_dir: {root}/modules-load.d
+    kvagent_tmpfiles_dir: {root}/tmpfiles.d
+    kvagent_manage_service: false
+    kvagent_load_modules: false
+  tasks:
+    - name: Service
+      ansible.builtin.import_role:
+        name: kvagent
+        tasks_from: service.yml
+"""
+
+
+@needs_root
+def test_systemd_files_are_installed_for_this_venv_and_config(tmp_path: Path) -> None:
+    root = tmp_path / "etc"
+    play = tmp_path / "service.yml"
+    play.write_text(SERVICE_PLAY.format(root=root))
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"h": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+    result = _playbook(tmp_path, "-i", str(inventory), str(play))
+    assert result.returncode == 0, result.stdout + result.stderr
+    unit = (REPO / "systemd" / "kvagent.service").read_text()
+    installed = (root / "system" / "kvagent.service").read_text()
+    assert "ExecStart=/opt/kvagent/bin/kvagent run" in unit
+    assert installed == unit.replace("/opt/kvagent", "/srv/kv/venv")
+    assert "ExecStart=/srv/kv/venv/bin/kvagent run" in installed
+    dropin = (root / "system" / "kvagent.service.d" / "kvagent-role.conf").read_text()
+    assert "[Service]\nEnvironment=KVAGENT_CONFIG=/srv/kv/etc/agent.yaml\n" in dropin
+    for sub in ("modules-load.d", "tmpfiles.d"):
+        assert (root / sub / "kvagent.conf").read_text() == (
+            REPO / "systemd" / sub / "kvagent.conf").read_text()
+
+
 # --- the source packer ----------------------------------------------------------------
 
 

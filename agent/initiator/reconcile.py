@@ -52,7 +52,7 @@ from .mounts import (
     remove_mount_points,
     unmount,
 )
-from .nvmecli import FabricsOptions, NvmeCli
+from .nvmecli import ConnectError, FabricsOptions, NvmeCli
 from .probes import (
     DioAlign,
     FallocateResult,
@@ -253,8 +253,8 @@ class InitiatorPass:
                        "complete": False})
         options = FabricsOptions.from_config(pool.connect)
         wait = self.cfg.initiator.device_wait if self.cfg.initiator else 30.0
-        devices: list[NamespaceDevice] = []
-        found_in: set[str] = set()
+        connected: dict[str, list[Controller]] = {}
+        path_errors: list[tuple[str, ConnectError]] = []
         for a in attachments:
             target = Target(a.transport, a.traddr, a.trsvcid, a.subsysnqn, hostnqn, hostid,
                             options)
@@ -264,20 +264,30 @@ class InitiatorPass:
                 self._act(pool.name, "attach", pool.mount,
                           "find namespaces, make xfs if blank, mount, probe, engines")
                 return
-            res = connect(target, cli=self.cli, sysfs=self.sysfs)
+            try:
+                res = connect(target, cli=self.cli, sysfs=self.sysfs, sleep=self.seams.sleep)
+            except ConnectError as exc:
+                # Another path (target address) to the same subsystem may still work.
+                path_errors.append((a.subsysnqn, exc))
+                continue
             record["subsystems"].append(dataclasses.asdict(a))
+            connected.setdefault(a.subsysnqn, []).extend(res.controllers)
             if res.changed:
                 self._act(pool.name, "nvme.connect", a.subsysnqn,
                           f"{a.transport} {a.traddr}:{a.trsvcid}")
-            if a.subsysnqn in found_in:
-                continue  # another path (target address) to a subsystem already found
-            found_in.add(a.subsysnqn)
-            ctrl = self._live_controller(a, res.controllers, wait)
+        for nqn, exc in path_errors:
+            if nqn not in connected:
+                raise exc
+        for _, exc in path_errors:  # degraded: the subsystem is reached by another path
+            self.result.error("initiator", pool.name, exc.message, exc.hint)
+        devices: list[NamespaceDevice] = []
+        for nqn, controllers in connected.items():
+            ctrl = self._live_controller(nqn, controllers, wait)
             nsids = self.cli.list_ns(ctrl.name)
             if not nsids:
-                raise KvagentError(f"{a.subsysnqn} has no namespaces for this host",
+                raise KvagentError(f"{nqn} has no namespaces for this host",
                                    "check the pool on the storage host (kvagent status there)")
-            found = wait_for_namespaces(self.sysfs, a.subsysnqn, nsids, timeout=wait)
+            found = wait_for_namespaces(self.sysfs, nqn, nsids, timeout=wait)
             record["devices"] += [{"subsysnqn": d.subsysnqn, "nsid": d.nsid, "uuid": d.uuid,
                                    "device": d.device} for d in found]
             devices += found
@@ -289,21 +299,21 @@ class InitiatorPass:
             self._drop_stale(pool.name, old, record)
         record["complete"] = True
 
-    def _live_controller(self, a: Attachment, controllers: tuple[Controller, ...],
+    def _live_controller(self, nqn: str, controllers: list[Controller],
                          wait: float) -> Controller:
         """A live controller among ``controllers``, waiting up to ``wait`` s for a reconnect."""
         deadline = self.seams.clock() + wait
-        names = [c.name for c in controllers]
+        names = list(dict.fromkeys(c.name for c in controllers))
         while True:
             current = [c for n in names if (c := self.sysfs.controller(n)) is not None]
             live = [c for c in current if c.state == "live"]
             if live:
                 return live[0]
             if self.seams.clock() >= deadline:
-                states = ", ".join(f"{c.name} {c.state}" for c in current) or "gone"
+                states = ", ".join(f"{c.name} {c.state} ({c.transport} {c.address.traddr})"
+                                   for c in current) or "gone"
                 raise KvagentError(
-                    f"no live controller for {a.subsysnqn} at {a.transport} "
-                    f"{a.traddr}:{a.trsvcid} after {wait:g}s ({states})",
+                    f"no live controller for {nqn} after {wait:g}s: {states}",
                     "the storage host is unreachable or its port is down; the kernel keeps "
                     "reconnecting (I/O waits meanwhile); apply again once it is back")
             self.seams.sleep(0.2)

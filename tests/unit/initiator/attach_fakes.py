@@ -52,6 +52,7 @@ class FakeHost:
     content: dict[str, dict[str, str]] = field(default_factory=dict)
     busy: set[str] = field(default_factory=set)
     refuse_vgchange_an: bool = False
+    unreachable: set[str] = field(default_factory=set)  # target addresses that refuse
 
     def __post_init__(self) -> None:
         self.sys = FakeSysfs(self.root / "sys")
@@ -141,6 +142,9 @@ node:
 
     def _connect(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
         nqn, traddr = self.opt(argv, "--nqn"), self.opt(argv, "--traddr")
+        if traddr in self.unreachable:
+            return self.ok(argv, rc=1, err="Failed to write to /dev/nvme-fabrics: "
+                                           "Connection refused\n")
         for c in self.sysfs.controllers():
             if (c.subsysnqn, c.address.traddr) == (nqn, traddr):
                 return self.ok(argv, rc=1, err="already connected\n")

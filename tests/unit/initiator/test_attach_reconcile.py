@@ -343,3 +343,40 @@ def test_namespaces_of_several_storage_hosts_land_on_mounts_in_a_stable_order(
     assert by_mount == {
         ns_mounts(host)[0]: str(filesystem_uuid(HOST, namespace_uuid(other, 1))),
         ns_mounts(host)[1]: str(filesystem_uuid(HOST, namespace_uuid(NQN, 1)))}
+
+
+def multipath_pool(host: FakeHost) -> str:
+    return pool_yaml(host).replace(
+        "target: {transport: tcp, address: 10.0.0.1}",
+        "targets: [{transport: tcp, address: 10.0.0.1}, {transport: tcp, address: 10.0.0.2}]")
+
+
+def test_one_path_down_of_two_is_reported_but_the_pool_is_attached(host: FakeHost) -> None:
+    host.exports = [Export(NQN, [1, 2]), Export(NQN, [1, 2], traddr="10.0.0.2")]
+    host.unreachable.add("10.0.0.1")
+    result = run(host, multipath_pool(host))
+    [error] = result.errors
+    assert "Connection refused" in error.message
+    assert sorted(host.mounts()) == ns_mounts(host)
+    assert [s["traddr"] for s in state(host)["kv"]["subsystems"]] == ["10.0.0.2"]
+    assert len(host.runner.ran("nvme", "connect", "--transport", "tcp", "--traddr",
+                               "10.0.0.1")) == 5  # transient: retried, then given up
+
+
+def test_a_reconnecting_path_does_not_hold_up_a_live_one(host: FakeHost) -> None:
+    host.exports = [Export(NQN, [1, 2]), Export(NQN, [1, 2], traddr="10.0.0.2")]
+    run(host, multipath_pool(host))
+    host.set_state("nvme2", "connecting")
+    result = run(host, multipath_pool(host))
+    assert result.ok and not result.changed, result.errors
+    assert host.sleeps == [] and host.runner.ran("nvme", "list-ns")[-1][-1] == "/dev/nvme3"
+
+
+def test_the_only_path_down_fails_the_pool_and_records_nothing(host: FakeHost) -> None:
+    host.unreachable.add("10.0.0.1")
+    host.exports = [Export(NQN, [1, 2])]
+    result = run(host, pool_yaml(host).replace("address: 10.0.0.1}",
+                                               "address: 10.0.0.1, subsystem: '" + NQN + "'}"))
+    [error] = result.errors
+    assert "Connection refused" in error.message and "port up" in error.hint
+    assert host.mounts() == {} and state(host) == {}

@@ -112,3 +112,129 @@ def write_file(path: Path, size: int) -> str:
         f.flush()
         os.fsync(f.fileno())
     return hashlib.sha256(data).hexdigest()
+
+
+# ------------------------------------------------------------ storage-host helpers
+
+#: The VM's emulated NVMe drives (2 GiB each; data lives for one boot).
+DRIVES = ("/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_KVTEST0",
+          "/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_KVTEST1")
+MIB = 1 << 20
+
+
+def timed_apply(lab: Lab, dry_run: bool = False) -> tuple[RunResult, float]:
+    """One in-process pass and its wall time in seconds."""
+    started = time.monotonic()
+    result = lab.apply(dry_run=dry_run)
+    return result, time.monotonic() - started
+
+
+def assert_converged(result: RunResult) -> None:
+    """A pass that found nothing to do: ok, unchanged, not one configfs write."""
+    assert_ok(result)
+    done = [a for a in result.actions if a.status == "done"]
+    assert not result.changed and result.configfs_writes == 0, done
+
+
+def discovered(transport: str, address: str, hostnqn: str | None = None,
+               hostid: str | None = None) -> set[str]:
+    """NVM subsystem NQNs the discovery log at ``address:4420`` shows this host identity."""
+    import json
+
+    ident = ["--hostnqn", hostnqn, "--hostid", hostid] if hostnqn and hostid else []
+    out = kit.sh("nvme", "discover", "-t", transport, "-a", address, "-s", "4420", *ident,
+                 "-o", "json").stdout
+    records = json.loads(out).get("records", []) if out.strip() else []
+    return {r["subnqn"] for r in records if r.get("subtype") == "nvme subsystem"}
+
+
+def nvme_connect(transport: str, address: str, nqn: str, hostnqn: str | None = None,
+                 hostid: str | None = None,
+                 check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Raw ``nvme connect`` (this host's identity unless ``hostnqn``/``hostid`` are given)."""
+    ident = ["--hostnqn", hostnqn, "--hostid", hostid] if hostnqn and hostid else []
+    proc = kit.sh("nvme", "connect", "-t", transport, "-a", address, "-s", "4420", "-n", nqn,
+                  *ident, check=check)
+    if check:
+        kit.wait_for(lambda: any(kit.read(c / "state") == "live"
+                                 for c in kit.controllers_for(nqn)), 30,
+                     what=f"a live controller for {nqn}")
+    return proc
+
+
+def nvme_disconnect(*nqns: str) -> None:
+    for nqn in nqns:
+        kit.sh("nvme", "disconnect", "-n", nqn, check=False)
+    kit.wait_for(lambda: not any(kit.controllers_for(n) for n in nqns), 30,
+                 what="controllers to go away")
+
+
+def namespace_device(nqn: str, nsid: int, timeout: float = 30) -> str:
+    """The host block device of namespace ``nsid`` of ``nqn``, found by its deterministic uuid."""
+    from nvmet.ids import namespace_uuid
+
+    uuid = namespace_uuid(nqn, nsid)
+    dev = kit.wait_for(lambda: kit.block_by_uuid(uuid), timeout,
+                       what=f"namespace {nsid} of {nqn} (uuid {uuid})")
+    name = os.path.basename(dev)
+    assert kit.read(f"/sys/block/{name}/nsid") == str(nsid), f"{dev} is not nsid {nsid}"
+    return dev
+
+
+def block_size_bytes(dev: str) -> int:
+    return int(kit.read(f"/sys/block/{os.path.basename(dev)}/size")) * 512
+
+
+def sha256_buffered(path: str, offset: int, size: int) -> str:
+    """sha256 of ``size`` bytes at ``offset`` through the page cache (tmpfs has no O_DIRECT)."""
+    import hashlib
+
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(size)
+    assert len(data) == size
+    return hashlib.sha256(data).hexdigest()
+
+
+def device_digest(dev: str, *ranges: tuple[int, int]) -> str:
+    """sha256 over byte ranges ``(offset, size)`` of a block device (the whole device if none),
+    read with O_DIRECT in 4 MiB chunks; a negative offset counts from the end."""
+    import hashlib
+    import mmap
+
+    fd = os.open(dev, os.O_RDONLY | os.O_DIRECT)
+    try:
+        total = os.lseek(fd, 0, os.SEEK_END)
+        spans = [(o if o >= 0 else total + o, s) for o, s in ranges] or [(0, total)]
+        h = hashlib.sha256()
+        buf = mmap.mmap(-1, 4 * MIB)
+        for offset, size in spans:
+            done = 0
+            while done < size:
+                n = os.preadv(fd, [buf], offset + done)
+                assert n > 0, f"short read of {dev} at {offset + done}"
+                n = min(n, size - done)
+                h.update(buf[:n])
+                done += n
+        return h.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def drive_digest(dev: str) -> str:
+    """Digest of where signatures, labels and partition tables live on an emulated drive
+    (primary superblocks, LVM label and metadata area, MBR/GPT and the GPT backup at the
+    end): its first 16 MiB and last 4 MiB (all of 2 GiB is too slow to read under TCG)."""
+    return device_digest(dev, (0, 16 * MIB), (-4 * MIB, 4 * MIB))
+
+
+def remove_volume_group(vg: str, *devices: str) -> None:
+    """Remove a test's volume group and the LVM labels on its devices (VM only)."""
+    kit.sh("vgremove", "-ff", "-y", vg, check=False, timeout=120)
+    for dev in devices:
+        kit.sh("pvremove", "-ff", "-y", dev, check=False, timeout=120)
+
+
+def zero(dev: str, length: int) -> None:
+    """Zero the first ``length`` bytes of ``dev`` (a test's own writes on an emulated drive)."""
+    kit.sh("blkdiscard", "-z", "-o", "0", "-l", str(length), dev, timeout=300)

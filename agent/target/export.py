@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from nvmet.ids import namespace_nguid, namespace_uuid
 from nvmet.model import Host, Namespace, Port, Subsystem
 
-from ..config.model import Config, PortConfig, TargetPool
+from ..config.model import Config, DeviceBacking, PortConfig, TargetPool
 from ..config.types import IPAddress
 from ..naming import subsystem_nqn
 from .steps import Volume
@@ -33,11 +33,17 @@ def serial_for(nqn: str) -> str:
 def pool_hosts(pool: TargetPool) -> list[str | None]:
     """Host names that get a subsystem: each listed host, or [None] for one shared subsystem.
 
-    An empty host list exports nothing (unless a shared pool explicitly allows any host).
+    An empty host list exports nothing (unless a shared pool explicitly allows any host);
+    in a whole-device pool only the hosts that are given a device get a subsystem.
     """
     if pool.shared:
         return [None] if (pool.hosts or pool.allow_any_host) else []
-    return [h.name for h in pool.hosts]
+    names = [h.name for h in pool.hosts]
+    if isinstance(pool.backing, DeviceBacking):
+        # A whole-device pool carves nothing: a host without a device gets no subsystem.
+        with_devices = {d.host for d in pool.backing.devices}
+        return [n for n in names if n in with_devices]
+    return names
 
 
 def pool_subsystem_nqns(cfg: Config, pool: TargetPool) -> dict[str | None, str]:

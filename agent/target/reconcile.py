@@ -185,6 +185,10 @@ class TargetPass:
                     others = {dev: nqn for dev, nqn in exported.items()
                               if self._pool_of(nqn) != pool.name}
                     plan = plan_device(pool, self.runner, self.state_dir, others, usage)
+                    idle = [h.name for h in pool.hosts if not pool.shared and h.name not in hosts]
+                    if idle:
+                        log.warning("hosts of a device pool without a device get nothing",
+                                    pool=pool.name, hosts=idle)
                     if not hosts:
                         plan.steps, plan.volumes = [], []
             except KvagentError as exc:

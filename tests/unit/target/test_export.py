@@ -125,3 +125,16 @@ def test_ports_carry_family_service_and_params() -> None:
     plain = desired_port(tcp, [])
     assert dict(plain.addr)["adrfam"] == "ipv4" and dict(plain.params) == {}
     assert [h.nqn for h in desired_hosts([H2, H1, H2])] == sorted([H1, H2])
+
+
+def test_device_pool_hosts_without_a_device_get_no_subsystem() -> None:
+    cfg = config(backing={"kind": "device", "devices": [
+        {"path": "/dev/disk/by-id/nvme-eui.01", "host": "gpu-2"}]}, namespaces=None)
+    pool = cfg.target.pools[0]
+    assert pool_hosts(pool) == ["gpu-2"]
+    vols = [Volume("kv", "gpu-2", 1, "/dev/disk/by-id/nvme-eui.01", None)]
+    (sub,) = export_pool(cfg, pool, vols, frozenset()).subsystems
+    assert sub.nqn == f"{PREFIX}:kv:gpu-2" and sub.allowed_hosts == {H2}
+    shared = config(shared=True, namespaces=None, backing={"kind": "device", "devices": [
+        {"path": "/dev/disk/by-id/nvme-eui.01"}]})
+    assert pool_hosts(shared.target.pools[0]) == [None]

@@ -53,7 +53,7 @@ def receive_until(sock: socket.socket, wanted: str) -> list[str]:
 
 def get(url: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - loopback test URL
+        with urllib.request.urlopen(url, timeout=10) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -74,7 +74,7 @@ def test_loop_notifies_serves_refuses_broken_reload_and_stops(tmp_path: Path,
     assert any("WATCHDOG=1" in m for m in first), "the loop pings the watchdog itself"
     assert any(m.startswith("STATUS=ok") for m in first)
 
-    status, body = get(f"http://127.0.0.1:{port}/healthz")
+    status, _body = get(f"http://127.0.0.1:{port}/healthz")
     assert status == 200
     families = {f.name: f for f in text_string_to_metric_families(
         get(f"http://127.0.0.1:{port}/metrics")[1])}

@@ -147,7 +147,7 @@ def _targets(pool_name: str | None, path: Path | None,
     if not pool_name:
         raise UsageError("name an initiator pool from the config, or give --path DIR",
                          "kvagent bench POOL  or  kvagent bench --path /mnt/somewhere")
-    from .main import load_cli_config
+    from .context import load_cli_config
 
     cfg = load_cli_config()
     pools = cfg.initiator.pools if cfg.initiator else ()

@@ -368,10 +368,30 @@ class InitiatorPass:
             self._act(pool.name, "lvm.striped", path, f"{len(devices)} stripes")
         return path
 
-    def _engines(self, pool: InitiatorPool, mounts: list[str], transport: str) -> None:
+    def _probes(self, pool: InitiatorPool, mounts: list[str],
+                transport: str) -> list[ProbeResult]:
+        """The mounts' probe results: recorded ones while nothing was (re)mounted.
+
+        Probing writes and preallocates real data: a converged pass (every
+        ``kvagent run`` interval) reuses the record instead of probing again.
+        """
+        remounted = any(a.pool == pool.name and a.kind in ("mkfs.xfs", "mount", "lvm.striped")
+                        and a.status == "done" for a in self.result.actions)
+        record = probes_file(self.state_dir, pool.name)
+        if not remounted:
+            try:
+                recorded = [probe_from_json(p) for p in read_json(record, [])]
+            except (KvagentError, KeyError, TypeError, ValueError):
+                recorded = []
+            if [p.path for p in recorded] == list(mounts) and all(p.transport == transport
+                                                                  for p in recorded):
+                return recorded
         probes = [self.seams.probe(m, transport, sysfs=self.cfg.node.sysfs) for m in mounts]
-        write_json(probes_file(self.state_dir, pool.name),
-                   [dataclasses.asdict(p) for p in probes])
+        write_json(record, [dataclasses.asdict(p) for p in probes])
+        return probes
+
+    def _engines(self, pool: InitiatorPool, mounts: list[str], transport: str) -> None:
+        probes = self._probes(pool, mounts, transport)
         out_root = self.state_dir / "engines" / pool.name
         kinds = {e.kind for e in pool.engines}
         if out_root.is_dir():

@@ -103,6 +103,14 @@ def test_second_apply_changes_nothing_and_runs_no_mutating_command(host: FakeHos
     assert mutating == []
 
 
+def test_converged_apply_reuses_the_recorded_probes(host: FakeHost) -> None:
+    """Probing writes real data: a pass that mounted nothing new does not probe again."""
+    run(host, pool_yaml(host))
+    first = list(host.probed)
+    run(host, pool_yaml(host))
+    assert host.probed == first
+
+
 def test_plan_changes_nothing(host: FakeHost) -> None:
     plan = run(host, pool_yaml(host), dry_run=True)
     assert plan.ok and plan.changed

@@ -129,15 +129,6 @@ def plan_file(pool: TargetPool, hosts: list[str | None]) -> BackingPlan:
                            f"{UNUSABLE_FILESYSTEMS[fstype]}; put the pool's files on a "
                            "local filesystem (xfs, ext4) or tmpfs")
         return plan
-    if not backing.buffered_io:
-        ok, why = supports_odirect(probe_dir)
-        if not ok:
-            plan.errors.append(
-                f"pool {pool.name}: {probe_dir} does not support O_DIRECT ({why}); the kernel "
-                "target cannot enable namespaces there with direct I/O. Use a filesystem "
-                "with O_DIRECT (xfs, ext4) or set backing.buffered_io: true (page cache: "
-                "slower, uses RAM)")
-            return plan
     manifest = read_manifest(directory)
     owned = manifest.get("files", {})
     size = pool.namespaces.size
@@ -166,6 +157,17 @@ def plan_file(pool: TargetPool, hosts: list[str | None]) -> BackingPlan:
                         "file.grow", pool.name, str(path), f"{current} -> {size} bytes",
                         lambda p=path, r=rel: _grow_file(p, size, directory, r),
                         grown=str(path)))
+    # Only a pool that gets new files needs the O_DIRECT probe (it writes a file):
+    # a converged pass stays free of writes.
+    if not backing.buffered_io and any(st.kind == "file.create" for st in plan.steps):
+        ok, why = supports_odirect(probe_dir)
+        if not ok:
+            plan.steps = []
+            plan.errors.append(
+                f"pool {pool.name}: {probe_dir} does not support O_DIRECT ({why}); the kernel "
+                "target cannot enable namespaces there with direct I/O. Use a filesystem "
+                "with O_DIRECT (xfs, ext4) or set backing.buffered_io: true (page cache: "
+                "slower, uses RAM)")
     return plan
 
 

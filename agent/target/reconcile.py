@@ -329,11 +329,15 @@ class TargetPass:
 
     def _save_state(self, state: TargetState, before: Tree, pools: list[TargetPool],
                     failed: set[str], port_ids: set[int]) -> None:
-        try:
-            after = nvmet.read(self.fs)
-        except NvmetError as exc:
-            log.warning("cannot re-read nvmet after apply; state not updated", error=str(exc))
-            return
+        if self.result.configfs_writes == 0:
+            after = before  # nothing was written: no need to read the tree again
+        else:
+            try:
+                after = nvmet.read(self.fs)
+            except NvmetError as exc:
+                log.warning("cannot re-read nvmet after apply; state not updated",
+                            error=str(exc))
+                return
         created_ports = {pid for pid in after.ports if pid not in before.ports}
         state.ports = (state.ports | created_ports | (port_ids & set(after.ports))) & set(
             after.ports)
@@ -342,7 +346,8 @@ class TargetPass:
         for pool in pools:
             if pool.name not in failed:
                 state.pools[pool.name] = _backing_record(pool)
-        state.save(self.state_dir)
+        if state != TargetState.load(self.state_dir):
+            state.save(self.state_dir)
 
 
 def revalidate(nqn: str, nsid: int) -> Action:

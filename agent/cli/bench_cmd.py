@@ -230,8 +230,9 @@ def render_text(result: BenchResult) -> str:
               help="Per-namespace pools: bench every <mount>/nsN, not only the first.")
 @click.option("--profile", type=click.Choice(sorted(PROFILES)), default="quick",
               show_default=True,
-              help="quick: 1 s per job, 2 queue depths (seconds). full: 5 s per job after a "
-                   "1 s ramp, queue depths 1/8/32 × 1 and 4 jobs (minutes).")
+              help="tiny: 16 MiB files, 1 s per job (emulated VMs, smoke tests). quick: "
+                   "64 MiB files, 1 s per job, 2 queue depths (seconds). full: 5 s per job "
+                   "after a 1 s ramp, queue depths 1/8/32 × 1 and 4 jobs (minutes).")
 @click.option("--gpu", type=click.Choice(sorted(GPU_PRESETS), case_sensitive=False),
               default=None, help="GPU preset for the recompute throughput [default: h100].")
 @click.option("--mfu", type=click.FloatRange(0, 1, min_open=True), default=None,

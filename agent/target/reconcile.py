@@ -19,7 +19,7 @@ from pathlib import Path
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 import nvmet
-from nvmet.errors import AddressNotAvailable, NvmetError, PlanError
+from nvmet.errors import AddressNotAvailable, NvmetError, NvmetUnavailable, PlanError
 from nvmet.model import Port, Subsystem, Tree
 from nvmet.planner import Action, revalidate_action
 
@@ -123,9 +123,19 @@ class TargetPass:
             return
         if not self.dry_run:
             self._load_modules()
+        feats: nvmet.Features | None
         try:
             live = nvmet.read(self.fs)
             feats = nvmet.features(self.fs)
+        except NvmetUnavailable as exc:
+            if not self.dry_run:
+                self.result.error("target", None, exc.message, exc.hint)
+                return
+            # Planning on a host where nvmet is not loaded yet: apply loads it, then
+            # everything is created from an empty tree.
+            self.result.actions.append(ActionRecord("target", None, "modprobe", "nvmet",
+                                                    "the kernel target is not loaded yet"))
+            live, feats = Tree(), None
         except NvmetError as exc:
             self.result.error("target", None, exc.message, exc.hint)
             return

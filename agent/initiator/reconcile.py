@@ -42,6 +42,7 @@ from .connect import Target, connect, disconnect_controllers, find_controllers, 
 from .devices import NamespaceDevice, wait_for_namespaces
 from .filesystem import ensure_filesystem, needs_filesystem, probe_content, xfs_label
 from .identity import ensure_host_identity
+from .kernel_quirks import loopback_tcp_warning, thp_mode
 from .mounts import (
     MOUNTINFO,
     MountEntry,
@@ -248,6 +249,11 @@ class InitiatorPass:
                       f"after discovery; not possible to check now: {exc.message}")
             return
         self._check_shared(pool, attachments)
+        thp = thp_mode()
+        for a in attachments:
+            warning = loopback_tcp_warning(a.transport, a.traddr, thp)
+            if warning:
+                log.warning(warning, pool=pool.name)
         record.update({"hostnqn": hostnqn, "layout": pool.layout, "shared": pool.shared,
                        "subsystems": [], "devices": [], "mounts": [], "created_dirs": [],
                        "complete": False})

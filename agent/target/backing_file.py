@@ -145,7 +145,7 @@ def plan_file(pool: TargetPool, hosts: list[str | None]) -> BackingPlan:
                         f"in {directory / MANIFEST}); refusing to use or overwrite it")
                     continue
                 plan.steps.append(Step(
-                    "file.create", pool.name, str(path), f"{size} bytes",
+                    "file.create", pool.name, str(path), f"{int(size)} bytes",
                     lambda p=path, r=rel: _create_file(p, size, directory, r)))
             else:
                 current = path.stat().st_size if path.exists() else None
@@ -154,7 +154,7 @@ def plan_file(pool: TargetPool, hosts: list[str | None]) -> BackingPlan:
                                        "but is missing; kvagent will not recreate it silently")
                 elif current < size:
                     plan.steps.append(Step(
-                        "file.grow", pool.name, str(path), f"{current} -> {size} bytes",
+                        "file.grow", pool.name, str(path), f"{current} -> {int(size)} bytes",
                         lambda p=path, r=rel: _grow_file(p, size, directory, r),
                         grown=str(path)))
     # Only a pool that gets new files needs the O_DIRECT probe (it writes a file):

@@ -112,6 +112,11 @@ class KernelTier:
                               check=False)
         if reporter:
             reporter.write_line(f"[kernel tier] group {group!r}: {proc.stdout.strip()}")
+        if reporter and log.exists():
+            # Lines a kernel test marks for the CI log (e.g. the Ansible recaps).
+            for line in log.read_text(errors="replace").splitlines():
+                if line.startswith("KVAGENT-CI-LOG: "):
+                    reporter.write_line(f"[kernel tier] {line[len('KVAGENT-CI-LOG: '):]}")
         if report.exists():
             self.results[group] = json.loads(report.read_text())
         else:

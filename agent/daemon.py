@@ -205,6 +205,9 @@ class Agent:
                     self._drain_udev()
                     self.collect()
                 elif self.clock() >= next_pass:
+                    # Observe first, then heal: an outage the pass repairs (an unlinked
+                    # port, say) still shows in the snapshot while the pass runs.
+                    self.collect()
                     self.reconcile()
                     next_pass = self.clock() + self.cfg.health.interval
                 else:  # woke up for the watchdog only: keep /healthz fresh

@@ -40,6 +40,9 @@ UUID_NQN_PREFIX = "nqn.2014-08.org.nvmexpress:uuid:"
 FILE_MODE = 0o644
 
 
+_WARNED: set[str] = set()
+
+
 class IdentityError(KvagentError):
     """The identity files exist but cannot be used (kvagent does not overwrite them)."""
 
@@ -171,6 +174,9 @@ def ensure_host_identity(nvme_dir: Path | str = "/etc/nvme", *,
 
     warnings = identity_warnings(hostnqn, hostid)
     for text in warnings:
+        if text in _WARNED:
+            continue  # once per process: the agent checks on every pass
+        _WARNED.add(text)
         log.warning("HOST IDENTITY PROBLEM: " + text, hostnqn=hostnqn, hostid=hostid,
                     nvme_dir=str(base))
     return HostIdentity(hostnqn=hostnqn, hostid=hostid, created=tuple(created),

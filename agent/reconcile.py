@@ -24,8 +24,12 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
     result = RunResult(dry_run=dry_run)
 
     def passes() -> None:
+        # Detach before unexporting: on a host with both roles, a pool dropped from both
+        # must be unmounted while its target still answers.
+        initiator = InitiatorPass(cfg, runner, result, dry_run=dry_run)
+        initiator.detach_removed()
         TargetPass(cfg, runner, result, dry_run=dry_run).run()
-        InitiatorPass(cfg, runner, result, dry_run=dry_run).run()
+        initiator.attach_configured()
 
     if dry_run:
         passes()

@@ -157,10 +157,34 @@ class InitiatorPass:
             self.result.error("initiator", pool, f"{type(exc).__name__}: {exc}")
 
     def run(self) -> None:
+        """Detach the pools the config dropped, then attach the configured ones."""
+        self.detach_removed()
+        self.attach_configured()
+
+    def detach_removed(self) -> None:
+        """Unmount and disconnect every pool an earlier apply attached that the config dropped.
+
+        Runs before the target pass: on a host that is both roles, unexporting first would
+        leave a mounted filesystem on a controller retrying forever, and umount would hang.
+        """
         state = load_state(self.state_dir)
+        configured = {p.name for p in self.cfg.initiator.pools} if self.cfg.initiator else set()
+        for name in sorted(set(state) - configured):
+            try:
+                self._detach(name, state[name])
+            except (KvagentError, OSError) as exc:
+                self._fail(name, exc)
+                continue
+            if not self.dry_run:
+                del state[name]
+                save_state(self.state_dir, state)
+
+    def attach_configured(self) -> None:
+        """Connect, find, format (blank devices only), mount, probe and render every pool."""
         pools = list(self.cfg.initiator.pools) if self.cfg.initiator else []
-        if not pools and not state:
+        if not pools:
             return
+        state = load_state(self.state_dir)
         if self.dry_run:
             ident = read_host_identity(self.cfg.node.nvme_dir)
             if not ident.hostnqn or not ident.hostid:
@@ -186,17 +210,6 @@ class InitiatorPass:
                 if not self.dry_run and record.get("subsystems"):
                     state[pool.name] = merge_record(state.get(pool.name), record)
                     save_state(self.state_dir, state)
-        for name in sorted(set(state) - {p.name for p in pools}):
-            try:
-                self._detach(name, state[name])
-            except (KvagentError, OSError) as exc:
-                self._fail(name, exc)
-                continue
-            if not self.dry_run:
-                del state[name]
-                save_state(self.state_dir, state)
-        if not self.dry_run:
-            save_state(self.state_dir, state)
 
     def _load_modules(self, pools: list[InitiatorPool]) -> None:
         transports = sorted({t.transport for p in pools for t in p.targets})

@@ -129,7 +129,7 @@ def _opt(value: object, suffix: str = "") -> str:
 def _pool_detail(pool: PoolHealth) -> str:
     if pool.target is not None:
         t = pool.target
-        hosts = "hosts ?" if t.hosts_connected is None else f"hosts {t.hosts_connected}"
+        hosts = "hosts n/a" if t.hosts_connected is None else f"hosts {t.hosts_connected}"
         return (f"subsys {t.subsystems_present}/{t.subsystems_expected}  "
                 f"ns {t.namespaces_enabled}/{t.namespaces_expected} enabled  "
                 f"ports {t.ports_linked}/{t.ports_expected} linked  {hosts}")

@@ -75,7 +75,7 @@ def test_text_rendering() -> None:
     text = render_status_text(samples.healthy())
     lines = text.splitlines()
     assert lines[0] == "node stor1: OK  (as of 2026-01-01T00:00:00Z)"
-    assert "subsys 2/2  ns 4/4 enabled  ports 2/2 linked  hosts ?" in text
+    assert "subsys 2/2  ns 4/4 enabled  ports 2/2 linked  hosts n/a" in text
     assert "ctrl 2/2 live  ns 2/2  /srv/kv  free 60.0GiB of 100.0GiB" in text
     assert any(line.split()[:3] == ["nvme1", "kv", "live"] for line in lines)
     assert "nvme1c1n1=optimized" in text

@@ -29,7 +29,8 @@ class KvagentGroup(click.Group):
         if target is None:
             return None
         module, attr = target.split(":")
-        return getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+        return _accept_output_option(
+            getattr(importlib.import_module(f"{__package__}.{module}"), attr))
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -55,6 +56,24 @@ class KvagentGroup(click.Group):
                 click.echo("kvagent: hint: run again with -v to see where it happened",
                            err=True)
             sys.exit(EXIT_FAILED)
+
+
+def _set_output(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.find_root().obj["output"] = value
+
+
+def _accept_output_option(cmd: click.Command) -> click.Command:
+    """Let ``-o/--output`` follow the subcommand too (``kvagent status -o json``)."""
+    if isinstance(cmd, click.Group):
+        for sub in cmd.commands.values():
+            _accept_output_option(sub)
+    elif not any(p.name == "output" for p in cmd.params):
+        cmd.params.append(click.Option(
+            ["-o", "--output"], type=click.Choice(["text", "json"]), default=None,
+            expose_value=False, callback=_set_output,
+            help="Result format (same as the global -o)."))
+    return cmd
 
 
 @click.group(cls=KvagentGroup, context_settings={"help_option_names": ["-h", "--help"]})

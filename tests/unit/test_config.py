@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -263,3 +264,15 @@ def test_random_sections_never_crash(section: str, value: object) -> None:
         parse_config(text)
     except ConfigError as exc:
         assert exc.problems and all(p.field for p in exc.problems)
+
+
+@pytest.mark.parametrize("argv", [
+    ["config", "validate", "-o", "json", "EXAMPLE"],
+    ["config", "validate", "EXAMPLE", "--output", "json"],
+    ["-o", "text", "config", "validate", "EXAMPLE", "-o", "json"],
+])
+def test_output_option_may_follow_the_subcommand(argv: list[str]) -> None:
+    example = str(EXAMPLES[0])
+    result = CliRunner().invoke(main, [example if a == "EXAMPLE" else a for a in argv])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["valid"] is True

@@ -57,6 +57,11 @@ class Profile:
     def max_numjobs(self) -> int:
         return max(nj for _, nj in self.combos)
 
+    def job_file_size(self, block_size: int) -> int:
+        """Each job's file: the profile's size, but at least two I/Os of ``block_size``
+        (fio refuses a file smaller than one block: tiny's 16 MiB at 32 MiB I/Os)."""
+        return max(self.file_size, 2 * block_size)
+
 
 PROFILES: dict[str, Profile] = {
     # 4 sizes × 2 directions × 2 combos × 1 s: about 20 s.
@@ -126,7 +131,7 @@ def fio_argv(spec: JobSpec, directory: Path, profile: Profile, ioengine: str = "
         f"--filename_format={FILE_PREFIX}.$jobnum",
         f"--rw={spec.rw}",
         f"--bs={spec.block_size}",
-        f"--size={profile.file_size}",
+        f"--size={profile.job_file_size(spec.block_size)}",
         f"--ioengine={ioengine}",
         f"--iodepth={spec.iodepth}",
         f"--numjobs={spec.numjobs}",
@@ -144,7 +149,7 @@ def fio_argv(spec: JobSpec, directory: Path, profile: Profile, ioengine: str = "
 def job_timeout(spec: JobSpec, profile: Profile) -> float:
     """Generous wall-clock limit: run time plus laying out the files at a slow 1 MB/s
     (an emulated VM's NVMe/TCP path can be that slow)."""
-    layout = profile.file_size * spec.numjobs / 1e6
+    layout = profile.job_file_size(spec.block_size) * spec.numjobs / 1e6
     return profile.runtime_s + profile.ramp_s + layout + 60.0
 
 
@@ -444,9 +449,9 @@ def run_jobs(runner: Runner, specs: Sequence[JobSpec], directory: Path, profile:
     return results
 
 
-def check_space(directory: Path, profile: Profile) -> None:
+def check_space(directory: Path, profile: Profile, largest_block: int = 0) -> None:
     """Fail before starting when the files would not fit (each parallel job has one)."""
-    need = profile.file_size * profile.max_numjobs
+    need = profile.job_file_size(largest_block) * profile.max_numjobs
     free = shutil.disk_usage(directory).free
     if free < need + 64 * MIB:
         raise KvagentError(

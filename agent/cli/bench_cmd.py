@@ -277,7 +277,7 @@ def bench(pool: str | None, path: Path | None, all_namespaces: bool, profile: st
     specs = plan_jobs(prof, sizes, engine)
     progress = tty_progress(sys.stderr)
     for directory in directories:
-        check_space(directory, prof)
+        check_space(directory, prof, max(spec.block_size for spec in specs))
     results = []
     for directory in directories:
         with scratch_dir(directory) as scratch:

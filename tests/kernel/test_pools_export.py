@@ -158,10 +158,9 @@ def test_file_lvm_device_pools_over_tcp_and_rdma(lab: Lab) -> None:
         again, t_again = timed_apply(lab)
         assert_converged(again)
         times.append((pools[-1], t_cold, t_again, cold.configfs_writes))
-    print("\napply times on the real kernel (TCG VM), seconds:")
-    for pool, t_cold, t_again, writes in times:
-        print(f"  + {pool}: cold {t_cold:.2f} ({writes} configfs writes), "
-              f"converged {t_again:.2f} (0 writes)")
+    for pool, t_cold, t_again, writes in times:  # copied to the CI log by tests/vmplugin.py
+        print(f"KVAGENT-CI-LOG: apply with pools up to {pool!r} (TCG VM): cold {t_cold:.2f}s "
+              f"({writes} configfs writes), converged {t_again:.2f}s (0 writes)")
     assert {v.tag_value("kvagent_pool") for v in _owned(runner)} == {"lv"}
     assert read_claims(lab.state)[DRIVES[1]]["pool"] == "dv"
 

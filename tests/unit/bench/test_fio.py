@@ -271,3 +271,22 @@ def test_space_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_profiles_are_short_and_long() -> None:
     assert QUICK.runtime_s + QUICK.ramp_s < FULL.runtime_s + FULL.ramp_s
     assert isinstance(QUICK, Profile) and QUICK.max_numjobs == 1 and FULL.max_numjobs == 4
+
+
+def test_files_hold_at_least_two_ios() -> None:
+    """fio refuses a file smaller than one block: tiny (16 MiB files) at 32 MiB I/Os."""
+    tiny = PROFILES["tiny"]
+    argv = fio_argv(JobSpec("write", 32 * MIB, 1, 1), Path("/d"), tiny)
+    assert f"--size={64 * MIB}" in argv
+    assert f"--size={16 * MIB}" in fio_argv(JobSpec("read", 2 * MIB, 8, 1), Path("/d"), tiny)
+
+
+def test_space_check_counts_the_largest_io(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    class Usage:
+        free = 100 * MIB
+
+    monkeypatch.setattr(fio.shutil, "disk_usage", lambda _p: Usage)
+    check_space(tmp_path, PROFILES["tiny"], 2 * MIB)  # 16 MiB files fit
+    with pytest.raises(KvagentError, match=r"needs 0\.1 GiB"):
+        check_space(tmp_path, PROFILES["tiny"], 32 * MIB)  # 64 MiB files do not

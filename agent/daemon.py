@@ -114,7 +114,8 @@ class Agent:
         self.last_apply = ApplySummary(
             result.finished_at or time.time(), result.ok,
             sum(1 for a in result.actions if a.status == "done"), failed,
-            (result.finished_at or time.time()) - started)
+            (result.finished_at or time.time()) - started,
+            tuple((e.role, e.pool, e.message) for e in result.errors))
         for e in result.errors:
             log.warning("apply problem", role=e.role, pool=e.pool, error=e.message, hint=e.hint)
         self.collect()

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from collections.abc import Iterable
 
 from .config import Config
+from .errors import KvagentError
 from .lock import apply_lock
+from .records import write_last_apply
 from .result import RunResult
-from .state import write_json
 from .system.run import Runner, default_runner
-
-LAST_APPLY = "last-apply.json"
 
 
 def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
-             wait_for_lock: bool = False) -> RunResult:
-    """Plan (``dry_run``) or apply the config on this host; never raises for a failed action."""
+             wait_for_lock: bool = False, rebind: Iterable[str] = ()) -> RunResult:
+    """Plan (``dry_run``) or apply the config on this host; never raises for a failed action.
+
+    ``rebind`` names target pools whose namespaces may move to other storage (with a
+    new identity); see :class:`agent.target.reconcile.TargetPass`.
+    """
+    from .engines.handoff import forget, hand_off
     from .initiator.reconcile import InitiatorPass
     from .target.reconcile import TargetPass
 
@@ -27,9 +31,18 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
         # Detach before unexporting: on a host with both roles, a pool dropped from both
         # must be unmounted while its target still answers.
         initiator = InitiatorPass(cfg, runner, result, dry_run=dry_run)
-        initiator.detach_removed()
-        TargetPass(cfg, runner, result, dry_run=dry_run).run()
-        initiator.attach_configured()
+        for pool in initiator.detach_removed():
+            forget(cfg, pool, result, dry_run=dry_run)
+        TargetPass(cfg, runner, result, dry_run=dry_run, rebind=rebind).run()
+        for mounted in initiator.attach_configured():
+            # The engines' hand-off: its own step, after the pool is mounted.
+            try:
+                hand_off(cfg, mounted.pool, mounted.mounts, mounted.transport,
+                         mounted.remounted, result)
+            except (KvagentError, OSError) as exc:
+                result.error("initiator", mounted.pool.name,
+                             getattr(exc, "message", None) or str(exc),
+                             getattr(exc, "hint", None))
 
     if dry_run:
         passes()
@@ -38,5 +51,5 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
             passes()
     result.finished_at = time.time()
     if not dry_run:
-        write_json(Path(cfg.node.state_dir) / LAST_APPLY, result.to_json())
+        write_last_apply(cfg.node.state_dir, result.to_json())
     return result

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from ..errors import UsageError
 from ..reconcile import run_pass
 from ..result import RunResult
 from .context import load_cli_config
@@ -51,11 +52,24 @@ def plan() -> None:
 @click.option("--dry-run", is_flag=True, help="Only show what would change (same as plan).")
 @click.option("--wait", "wait_lock", is_flag=True,
               help="Wait for another running apply instead of failing as busy.")
-def apply(dry_run: bool, wait_lock: bool) -> None:
+@click.option("--rebind", "rebind", multiple=True, metavar="POOL",
+              help="Let namespaces of target pool POOL move to the storage the config now "
+                   "names (refused otherwise); they get a new identity, so GPU hosts see new "
+                   "namespaces. Repeatable.")
+def apply(dry_run: bool, wait_lock: bool, rebind: tuple[str, ...]) -> None:
     """Make this host match the config: export, connect, mount; idempotent.
+
+    A namespace whose storage the config would change (a device list, volume group
+    or directory edited) is refused and left as it is, unless --rebind names its pool.
 
     Exit 0 when everything applied, 1 when any action failed, 2 on a bad config.
     """
-    result = run_pass(load_cli_config(), dry_run=dry_run, wait_for_lock=wait_lock)
+    cfg = load_cli_config()
+    pools = {p.name for p in cfg.target.pools} if cfg.target else set()
+    unknown = sorted(set(rebind) - pools)
+    if unknown:
+        raise UsageError(f"--rebind {unknown[0]}: not a target pool in the config "
+                         f"(target pools: {', '.join(sorted(pools)) or 'none'})")
+    result = run_pass(cfg, dry_run=dry_run, wait_for_lock=wait_lock, rebind=rebind)
     emit(result.to_json(), lambda _: _text(result))
     sys.exit(0 if result.ok else 1)

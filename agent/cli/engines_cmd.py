@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..engines import KINDS
-from ..initiator.reconcile import AttachedRender, render_attached
+from ..engines.handoff import AttachedRender, render_attached
 from .context import load_cli_config
 from .output import emit, output_format
 

@@ -10,6 +10,10 @@ from typing import Any
 
 import click
 
+from ..text import table
+
+__all__ = ["emit", "output_format", "table", "to_jsonable"]
+
 
 def to_jsonable(value: Any) -> Any:
     """Dataclasses, tuples, sets and paths turned into plain JSON values."""
@@ -43,12 +47,3 @@ def output_format() -> str:
     """``text`` or ``json``, as chosen with ``-o``."""
     ctx = click.get_current_context()
     return (ctx.find_root().obj or {}).get("output", "text")
-
-
-def table(rows: list[list[str]], header: list[str]) -> str:
-    """A plain left-aligned text table."""
-    cells = [header, *rows]
-    widths = [max(len(str(r[i])) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-             for r in cells]
-    return "\n".join(lines)

@@ -28,7 +28,7 @@ def pool_list() -> None:
         body = []
         for p in rows:
             b = p["backing"] or {}
-            where = b.get("volume_group") or b.get("directory") or ", ".join(b.get("devices", []))
+            where = p["where"]
             ns = sum(s["namespaces"] for s in p["subsystems"])
             en = sum(s["enabled"] for s in p["subsystems"])
             state = "exported" if p["exported"] else (

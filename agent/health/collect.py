@@ -8,25 +8,30 @@ read the stored result.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import nvmet
 from nvmet.errors import NvmetError
 
-from ..config.model import Config, DeviceBacking, InitiatorPool, TargetPool
+from ..config.model import Config, InitiatorPool, TargetPool
 from ..engines.dirs import engine_capacities, engine_dir, usage
 from ..errors import KvagentError
 from ..initiator.mounts import mounted_at
-from ..initiator.reconcile import load_state as load_initiator_state
 from ..initiator.sysfs import Sysfs
 from ..log import get_logger
-from ..state import read_json
+from ..records import (
+    InitiatorRecords,
+    PoolAttachment,
+    TargetRecords,
+    probes_path,
+    read_last_apply,
+)
 from ..system.run import Runner
-from ..target.export import pool_subsystem_nqns
+from ..target.desired import pool_layout
 from ..target.reconcile import nvmet_fs
 from .smart import read_local_drives
 from .snapshot import (
@@ -69,6 +74,8 @@ def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
             log.warning("cannot read local drives", error=str(exc))
     if last_apply is None:
         last_apply = last_apply_summary(cfg)
+    if last_apply is not None:
+        pools = [_with_apply_errors(p, last_apply) for p in pools]
     return Snapshot(taken_at=time.time(), tick_at=time.monotonic(), node=cfg.node.name,
                     pools=tuple(pools), controllers=tuple(controllers), drives=found_drives,
                     last_apply=last_apply, config_error=config_error,
@@ -78,7 +85,7 @@ def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
 def last_apply_summary(cfg: Config) -> ApplySummary | None:
     """The last apply's outcome from ``<state_dir>/last-apply.json`` (None if never)."""
     try:
-        data = read_json(Path(cfg.node.state_dir) / "last-apply.json", None)
+        data = read_last_apply(cfg.node.state_dir)
     except KvagentError:
         return None
     if not data:
@@ -89,7 +96,19 @@ def last_apply_summary(cfg: Config) -> ApplySummary | None:
         changed=sum(1 for a in data.get("actions", []) if a.get("status") == "done"),
         failed=sum(1 for a in data.get("actions", []) if a.get("status") == "failed")
         + len(data.get("errors", [])),
-        duration_seconds=(finished - started) if started else None)
+        duration_seconds=(finished - started) if started else None,
+        errors=tuple((e.get("role", ""), e.get("pool"), e.get("message", ""))
+                     for e in data.get("errors", [])))
+
+
+def _with_apply_errors(pool: PoolHealth, last: ApplySummary) -> PoolHealth:
+    """A pool the last apply reported errors for is at least degraded, and says why."""
+    errors = last.pool_errors(pool.role, pool.name)
+    if not errors:
+        return pool
+    problems = (*pool.problems, *(f"last apply: {m}" for m in errors))
+    state = "degraded" if pool.state == "ok" else pool.state
+    return dataclasses.replace(pool, state=state, ready=False, problems=problems)
 
 
 # --------------------------------------------------------------------- target
@@ -104,31 +123,33 @@ def _connected_hosts(nqn: str) -> int | None:
 def _target_pools(cfg: Config, fs: nvmet.ConfigFS | None) -> list[PoolHealth]:
     assert cfg.target is not None
     try:
+        records = TargetRecords.load(cfg.node.state_dir)
+    except KvagentError as exc:
+        return [PoolHealth("target", p.name, "failed", False, (f"records: {exc.message}",))
+                for p in cfg.target.pools]
+    try:
         live = nvmet.read(fs if fs is not None else nvmet_fs(cfg))
     except NvmetError as exc:
         return [PoolHealth("target", p.name, "failed", False, (f"nvmet: {exc.message}",))
                 for p in cfg.target.pools]
-    return [_target_pool(cfg, p, live) for p in cfg.target.pools]
+    return [_target_pool(cfg, p, live, records) for p in cfg.target.pools]
 
 
-def _expected_namespaces(pool: TargetPool) -> int:
-    if isinstance(pool.backing, DeviceBacking):
-        return len(pool.backing.devices)
-    count = pool.namespaces.count if pool.namespaces else 0
-    return count * (1 if pool.shared else len(pool.hosts))
-
-
-def _target_pool(cfg: Config, pool: TargetPool, live: nvmet.Tree) -> PoolHealth:
-    nqns = list(pool_subsystem_nqns(cfg, pool).values())
+def _target_pool(cfg: Config, pool: TargetPool, live: nvmet.Tree,
+                 records: TargetRecords) -> PoolHealth:
+    layout = pool_layout(cfg, pool, records)
+    nqns = list(layout)
     port_ids = [p.id for p in cfg.target.ports if p.name in pool.ports] if cfg.target else []
     present = [live.subsystems[n] for n in nqns if n in live.subsystems]
-    namespaces = [ns for s in present for ns in s.namespaces.values()]
+    expected = [(n, nsid) for n, nsids in layout.items() for nsid in nsids]
+    namespaces = [live.subsystems[n].namespaces[nsid] for n, nsid in expected
+                  if n in live.subsystems and nsid in live.subsystems[n].namespaces]
     linked = sum(1 for n in nqns for pid in port_ids
                  if pid in live.ports and n in live.ports[pid].subsystems)
     connected = [_connected_hosts(n) for n in nqns]
     side = TargetSide(
         subsystems_expected=len(nqns), subsystems_present=len(present),
-        namespaces_expected=_expected_namespaces(pool), namespaces_present=len(namespaces),
+        namespaces_expected=len(expected), namespaces_present=len(namespaces),
         namespaces_enabled=sum(1 for ns in namespaces if ns.enable),
         ports_expected=len(nqns) * len(port_ids), ports_linked=linked,
         hosts_connected=None if any(c is None for c in connected) else sum(
@@ -154,16 +175,16 @@ def _target_pool(cfg: Config, pool: TargetPool, live: nvmet.Tree) -> PoolHealth:
 
 
 # ------------------------------------------------------------------ initiator
-def _safe_initiator_state(cfg: Config) -> dict[str, dict[str, Any]]:
+def _safe_initiator_state(cfg: Config) -> dict[str, PoolAttachment]:
     try:
-        return load_initiator_state(Path(cfg.node.state_dir))
+        return InitiatorRecords.load(cfg.node.state_dir)
     except KvagentError as exc:
         log.warning("cannot read initiator records", error=str(exc))
         return {}
 
 
 def _probe_summary(cfg: Config, pool: str) -> dict[str, bool] | None:
-    path = Path(cfg.node.state_dir) / "probes" / f"{pool}.json"
+    path = probes_path(cfg.node.state_dir, pool)
     try:
         probes = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
@@ -172,7 +193,7 @@ def _probe_summary(cfg: Config, pool: str) -> dict[str, bool] | None:
             "fallocate": all(p.get("fallocate_ok") for p in probes)}
 
 
-def _initiator_pool(cfg: Config, pool: InitiatorPool, record: dict[str, Any] | None,
+def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | None,
                     sysfs: Sysfs) -> tuple[PoolHealth, list[ControllerHealth]]:
     if record is None:
         side = InitiatorSide(controllers_expected=len(pool.targets), controllers_live=0,
@@ -180,8 +201,8 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: dict[str, Any] | N
         return PoolHealth("initiator", pool.name, "failed", False,
                           ("not attached (run kvagent apply; see its errors)",),
                           initiator=side), []
-    hostnqn = record.get("hostnqn")
-    subs = {s["subsysnqn"]: s for s in record.get("subsystems", [])}
+    hostnqn = record.hostnqn
+    subs = {s.subsysnqn: s for s in record.subsystems}
     heads = {ns.name: ns for ns in sysfs.namespaces()}
     ctrls: list[ControllerHealth] = []
     for c in sysfs.controllers():
@@ -193,9 +214,10 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: dict[str, Any] | N
         ctrls.append(ControllerHealth(c.name, pool.name, c.subsysnqn, c.transport,
                                       c.address.traddr or "", c.address.trsvcid or "",
                                       c.state, paths))
-    devices = record.get("devices", [])
-    found = sum(1 for d in devices if any(h.uuid == d["uuid"] for h in heads.values()))
-    mounts = record.get("mounts", [])
+    devices = record.devices
+    found = sum(1 for d in devices
+                if any((h.uuid or "").lower() == d.uuid.lower() for h in heads.values()))
+    mounts = record.mounts
     mounted = [m for m in mounts if mounted_at(m) is not None]
     size = free = 0
     for m in mounted:

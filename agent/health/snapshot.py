@@ -192,6 +192,11 @@ class ApplySummary:
     changed: int = 0  # actions that changed something
     failed: int = 0  # actions that failed
     duration_seconds: float | None = None
+    #: The pass's errors as (role, pool or None, message): a pool's errors degrade it.
+    errors: tuple[tuple[str, str | None, str], ...] = ()
+
+    def pool_errors(self, role: str, pool: str) -> list[str]:
+        return [m for r, p, m in self.errors if r == role and p == pool]
 
 
 @dataclass(frozen=True)

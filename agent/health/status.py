@@ -8,7 +8,7 @@ from importlib import resources
 from typing import Any
 
 from .. import __version__
-from ..cli.output import table
+from ..text import table
 from .snapshot import (
     ControllerHealth,
     DriveHealth,

@@ -1,11 +1,12 @@
-"""Find a pool's namespaces as block devices, by their deterministic uuid.
+"""Find a pool's namespaces as block devices, by subsystem NQN and namespace id.
 
-The storage host writes ``device_uuid = nvmet.ids.namespace_uuid(subsystem NQN,
-nsid)``, so this host knows each namespace's uuid without asking anyone and
-never guesses from device names (which change across reconnects and boots).
-After a connect the block device appears a moment later: sysfs is scanned,
-and a pyudev monitor (``block`` subsystem) wakes the wait up early; the wait
-is bounded.
+Each namespace is looked up by what the kernel says it is — the subsystem it belongs
+to and its nsid — never guessed from device names (which change across reconnects
+and boots). Its uuid is the identity the storage host bound to its storage; the
+filesystem kvagent makes on it is derived from that uuid, so a namespace whose
+storage changed is never taken for the old one. After a connect the block device
+appears a moment later: sysfs is scanned, and a pyudev monitor (``block``
+subsystem) wakes the wait up early; the wait is bounded.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
-
-from nvmet.ids import namespace_uuid
 
 from ..errors import KvagentError
 from ..log import get_logger
@@ -28,14 +27,14 @@ log = get_logger("initiator.devices")
 class DeviceNotFound(KvagentError):
     """A namespace's block device did not appear in time."""
 
-    def __init__(self, subsysnqn: str, missing: Sequence[tuple[int, str]], timeout: float):
+    def __init__(self, subsysnqn: str, missing: Sequence[int], timeout: float):
         self.subsysnqn = subsysnqn
         self.missing = tuple(missing)
-        which = ", ".join(f"nsid {nsid} (uuid {uuid})" for nsid, uuid in missing)
+        which = ", ".join(f"nsid {nsid}" for nsid in missing)
         super().__init__(
             f"no block device for {which} of {subsysnqn} after {timeout:g}s",
-            "check that the storage host exports the namespace enabled with kvagent's "
-            "device_uuid, and that the controller is live (nvme list-subsys)")
+            "check that the storage host exports the namespace enabled (kvagent status "
+            "there), and that the controller is live (nvme list-subsys)")
 
 
 @dataclass(frozen=True)
@@ -116,22 +115,12 @@ class UdevWaiter:
         self._monitor.poll(timeout=min(timeout, self._poll * 4))
 
 
-def expected_uuids(subsysnqn: str, nsids: Sequence[int]) -> dict[int, str]:
-    """nsid -> the uuid the storage host gives that namespace."""
-    return {nsid: namespace_uuid(subsysnqn, nsid) for nsid in nsids}
-
-
 def find_namespace(sysfs: Sysfs, subsysnqn: str, nsid: int) -> NamespaceDevice | None:
     """The block device of namespace ``nsid`` of ``subsysnqn`` now, or None."""
-    uuid = namespace_uuid(subsysnqn, nsid)
-    head = sysfs.namespace_by_uuid(uuid)
-    if head is None:
+    head = sysfs.namespace_by_nsid(subsysnqn, nsid)
+    if head is None or not head.uuid:
         return None
-    if head.subsysnqn is not None and head.subsysnqn != subsysnqn:
-        log.warning("namespace uuid found under another subsystem; ignoring it",
-                    uuid=uuid, expected=subsysnqn, found=head.subsysnqn, device=head.device)
-        return None
-    return NamespaceDevice.from_head(subsysnqn, nsid, uuid, head)
+    return NamespaceDevice.from_head(subsysnqn, nsid, head.uuid.lower(), head)
 
 
 def wait_for_namespaces(sysfs: Sysfs, subsysnqn: str, nsids: Sequence[int], *,
@@ -140,9 +129,9 @@ def wait_for_namespaces(sysfs: Sysfs, subsysnqn: str, nsids: Sequence[int], *,
     """Wait (at most ``timeout`` s) until every namespace in ``nsids`` has a block device.
 
     Returns them in ``nsids`` order; raises :class:`DeviceNotFound` naming the
-    missing uuids and the subsystem.
+    missing nsids and the subsystem.
     """
-    wanted = expected_uuids(subsysnqn, nsids)
+    wanted = list(dict.fromkeys(nsids))
     found: dict[int, NamespaceDevice] = {}
     deadline = clock() + timeout
     with waiter or UdevWaiter() as w:
@@ -156,7 +145,7 @@ def wait_for_namespaces(sysfs: Sysfs, subsysnqn: str, nsids: Sequence[int], *,
                 break
             remaining = deadline - clock()
             if remaining <= 0:
-                missing = [(n, u) for n, u in wanted.items() if n not in found]
+                missing = [n for n in wanted if n not in found]
                 raise DeviceNotFound(subsysnqn, missing, timeout)
             w.wait(remaining)
     log.debug("namespaces found", subsysnqn=subsysnqn,

@@ -9,57 +9,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KvagentError
 from ..log import get_logger
+from ..system.mounts import MOUNTINFO, MountEntry, mounted_at, read_mounts
 from ..system.run import CommandError, Runner
 
+__all__ = ["MOUNTINFO", "MountBusy", "MountEntry", "create_mount_point", "device_number",
+           "ensure_mounted", "mounted_at", "read_mounts", "remove_mount_points", "unmount"]
+
 log = get_logger("mounts")
-MOUNTINFO = Path("/proc/self/mountinfo")
 
 
 class MountBusy(KvagentError):
     """A mount is in use; kvagent does not lazy-unmount (that would hide data loss)."""
-
-
-@dataclass(frozen=True)
-class MountEntry:
-    """One line of /proc/self/mountinfo, the parts kvagent needs."""
-
-    mount_point: str
-    device: str  # major:minor
-    fstype: str
-    source: str
-    options: str
-
-
-def _unescape(text: str) -> str:
-    return (text.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
-            .replace("\\134", "\\"))
-
-
-def read_mounts(mountinfo: Path = MOUNTINFO) -> list[MountEntry]:
-    """Parse mountinfo (fields after ' - ' are fstype, source, super options)."""
-    entries = []
-    for line in mountinfo.read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if len(fields) < 6 or len(tail) < 2:
-            continue
-        entries.append(MountEntry(_unescape(fields[4]), fields[2], tail[0], _unescape(tail[1]),
-                                  fields[5]))
-    return entries
-
-
-def mounted_at(path: str, mountinfo: Path = MOUNTINFO) -> MountEntry | None:
-    """The mount whose mount point is exactly ``path`` (the last one wins, as the kernel shows)."""
-    found = None
-    for entry in read_mounts(mountinfo):
-        if entry.mount_point == os.path.normpath(path):
-            found = entry
-    return found
 
 
 def device_number(device: str) -> str:

@@ -1,17 +1,17 @@
-"""The GPU-host pass of plan/apply: connect, find, format, mount, probe, hand to engines.
+"""The GPU-host pass of plan/apply: connect, find, filesystem, mount.
 
 Per pool: discover (or use the configured subsystem), connect idempotently,
-wait for a live controller, wait for each namespace's device by its
-deterministic uuid, make xfs only on a blank device (or accept this host's
-own), mount one directory per namespace (or one striped volume), probe,
-prepare engine directories and render engine configs into
-``<state_dir>/engines/<pool>/<kind>/``.
+wait for a live controller, wait for each namespace's device (by subsystem and
+nsid; its uuid is the storage's identity), make xfs only on a blank device (or
+accept this host's own: its uuid derives from the namespace's), mount one
+directory per namespace (or one striped volume). Handing the mounted pool to its
+engines is the next step (:mod:`agent.engines.handoff`), run by the caller.
 
-kvagent's record of what it attached is ``<state_dir>/initiator.json``; it is
-written even when an attach fails half-way, so a later detach still finds
-the controllers it connected. Pools removed from the config are detached:
-unmounted (never lazily; only filesystems on the pool's own devices) and
-disconnected (only this host identity's controllers of the recorded
+kvagent's record of what it attached (:class:`agent.records.PoolAttachment` in
+``<state_dir>/initiator.json``) is written even when an attach fails half-way, so
+a later detach still finds the controllers it connected. Pools removed from the
+config are detached: unmounted (never lazily; only filesystems on the pool's own
+devices) and disconnected (only this host identity's controllers of the recorded
 subsystems); mount directories kvagent created are removed when empty.
 """
 
@@ -19,23 +19,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from nvmet.ids import read_host_identity
 
 from ..config.model import XFS_MIN_BYTES, Config, InitiatorPool
-from ..engines import EngineContext, Rendered, render
-from ..engines.dirs import engine_capacities, engine_dir, prepare
-from ..errors import KvagentError, UsageError
+from ..errors import KvagentError
 from ..log import get_logger
 from ..naming import filesystem_uuid, parse_subsystem_nqn
+from ..records import AttachedDevice, InitiatorRecords, PoolAttachment, SubsystemPath
 from ..result import ActionRecord, RunResult
-from ..state import read_json, write_json
 from ..system.modules import ensure_modules
 from ..system.run import Runner
 from .connect import Target, connect, disconnect_controllers, find_controllers, pool_entries
@@ -54,29 +50,11 @@ from .mounts import (
     unmount,
 )
 from .nvmecli import ConnectError, FabricsOptions, NvmeCli
-from .probes import (
-    DioAlign,
-    FallocateResult,
-    ODirectResult,
-    ProbeResult,
-    StepFailure,
-    probe_mount,
-)
 from .striped import deactivate, dm_name, ensure_striped_volume, volume_path
 from .sysfs import Controller, Sysfs, read_attr
 
 log = get_logger("initiator")
-STATE_FILE = "initiator.json"
-
-
-@dataclass(frozen=True)
-class Attachment:
-    """A subsystem of a pool as this host reaches it."""
-
-    subsysnqn: str
-    transport: str
-    traddr: str
-    trsvcid: str
+Attachment = SubsystemPath
 
 
 @dataclass(frozen=True)
@@ -85,19 +63,27 @@ class HostSeams:
 
     mountinfo: Path = MOUNTINFO
     devnum: Callable[[str], str] = device_number
-    probe: Callable[..., ProbeResult] = probe_mount
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
 
 
-def load_state(state_dir: Path) -> dict[str, dict[str, Any]]:
-    """``{pool: {"hostnqn", "layout", "shared", "subsystems", "devices", "mounts",
-    "created_dirs", "complete"}}``."""
-    return read_json(state_dir / STATE_FILE, {}).get("pools", {})
+@dataclass(frozen=True)
+class MountedPool:
+    """A pool this pass attached and mounted: what the engines' hand-off needs."""
+
+    pool: InitiatorPool
+    mounts: tuple[str, ...]
+    transport: str | None
+    remounted: bool  # something was made or (re)mounted in this pass
 
 
-def save_state(state_dir: Path, pools: dict[str, dict[str, Any]]) -> None:
-    write_json(state_dir / STATE_FILE, {"pools": pools})
+def load_state(state_dir: Path) -> dict[str, PoolAttachment]:
+    """Every pool an apply attached (fully or in part), from ``initiator.json``."""
+    return InitiatorRecords.load(state_dir)
+
+
+def save_state(state_dir: Path, pools: dict[str, PoolAttachment]) -> None:
+    InitiatorRecords.save(state_dir, pools)
 
 
 def namespace_mounts(pool: InitiatorPool, count: int) -> list[str]:
@@ -107,8 +93,8 @@ def namespace_mounts(pool: InitiatorPool, count: int) -> list[str]:
     return [os.path.join(pool.mount, f"ns{i}") for i in range(1, count + 1)]
 
 
-def _union(*lists: list[Any]) -> list[Any]:
-    out: list[Any] = []
+def _union(*lists: list) -> list:
+    out: list = []
     for items in lists:
         for item in items:
             if item not in out:
@@ -116,7 +102,7 @@ def _union(*lists: list[Any]) -> list[Any]:
     return out
 
 
-def merge_record(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+def merge_record(old: PoolAttachment | None, new: PoolAttachment) -> PoolAttachment:
     """The record after an attach: ``new`` when it completed, else old and new together.
 
     A failed attach may have connected or mounted part of the pool; keeping the
@@ -124,11 +110,11 @@ def merge_record(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, A
     """
     if old is None:
         return new
-    merged = dict(new)
-    merged["created_dirs"] = _union(old.get("created_dirs", []), new.get("created_dirs", []))
-    if not new.get("complete"):
-        for key in ("subsystems", "devices", "mounts"):
-            merged[key] = _union(old.get(key, []), new.get(key, []))
+    merged = dataclasses.replace(new, created_dirs=_union(old.created_dirs, new.created_dirs))
+    if not new.complete:
+        merged.subsystems = _union(old.subsystems, new.subsystems)
+        merged.devices = _union(old.devices, new.devices)
+        merged.mounts = _union(old.mounts, new.mounts)
     return merged
 
 
@@ -156,34 +142,42 @@ class InitiatorPass:
         else:
             self.result.error("initiator", pool, f"{type(exc).__name__}: {exc}")
 
-    def run(self) -> None:
+    def run(self) -> list[MountedPool]:
         """Detach the pools the config dropped, then attach the configured ones."""
         self.detach_removed()
-        self.attach_configured()
+        return self.attach_configured()
 
-    def detach_removed(self) -> None:
+    def detach_removed(self) -> list[str]:
         """Unmount and disconnect every pool an earlier apply attached that the config dropped.
 
         Runs before the target pass: on a host that is both roles, unexporting first would
         leave a mounted filesystem on a controller retrying forever, and umount would hang.
+        Returns the pools detached.
         """
         state = load_state(self.state_dir)
         configured = {p.name for p in self.cfg.initiator.pools} if self.cfg.initiator else set()
+        detached = []
         for name in sorted(set(state) - configured):
             try:
                 self._detach(name, state[name])
             except (KvagentError, OSError) as exc:
                 self._fail(name, exc)
                 continue
+            detached.append(name)
             if not self.dry_run:
                 del state[name]
                 save_state(self.state_dir, state)
+        return detached
 
-    def attach_configured(self) -> None:
-        """Connect, find, format (blank devices only), mount, probe and render every pool."""
+    def attach_configured(self) -> list[MountedPool]:
+        """Connect, find, format (blank devices only) and mount every pool.
+
+        Returns the pools attached and mounted in full (apply only), for the engines'
+        hand-off.
+        """
         pools = list(self.cfg.initiator.pools) if self.cfg.initiator else []
         if not pools:
-            return
+            return []
         state = load_state(self.state_dir)
         if self.dry_run:
             ident = read_host_identity(self.cfg.node.nvme_dir)
@@ -195,21 +189,25 @@ class InitiatorPass:
                 ident = ensure_host_identity(self.cfg.node.nvme_dir)
             except KvagentError as exc:
                 self.result.error("initiator", None, exc.message, exc.hint)
-                return
+                return []
             for path in ident.created:
                 self._act(None, "identity.create", path)
             hostnqn, hostid = ident.hostnqn, ident.hostid
             self._load_modules(pools)
+        mounted: list[MountedPool] = []
         for pool in pools:
-            record: dict[str, Any] = {}
+            box: list[PoolAttachment] = []
             try:
-                self._attach(pool, hostnqn, hostid, record, state.get(pool.name))
+                done = self._attach(pool, hostnqn, hostid, box, state.get(pool.name))
+                if done is not None:
+                    mounted.append(done)
             except (KvagentError, OSError) as exc:
                 self._fail(pool.name, exc)
             finally:
-                if not self.dry_run and record.get("subsystems"):
-                    state[pool.name] = merge_record(state.get(pool.name), record)
+                if not self.dry_run and box and box[0].subsystems:
+                    state[pool.name] = merge_record(state.get(pool.name), box[0])
                     save_state(self.state_dir, state)
+        return mounted
 
     def _load_modules(self, pools: list[InitiatorPool]) -> None:
         transports = sorted({t.transport for p in pools for t in p.targets})
@@ -250,8 +248,9 @@ class InitiatorPass:
                     "set shared: true on this initiator pool to attach it as raw block devices")
 
     def _attach(self, pool: InitiatorPool, hostnqn: str, hostid: str | None,
-                record: dict[str, Any], old: dict[str, Any] | None) -> None:
-        """Attach ``pool``, filling ``record`` as things are done (kept even on failure)."""
+                box: list[PoolAttachment], old: PoolAttachment | None) -> MountedPool | None:
+        """Attach ``pool``, filling its record (put in ``box``) as things are done; the
+        record is kept even on failure."""
         try:
             attachments = self._discover(pool, hostnqn, hostid)
         except KvagentError as exc:
@@ -260,16 +259,15 @@ class InitiatorPass:
             # Planning: the target may only come up with this very apply (converged host).
             self._act(pool.name, "nvme.connect", pool.name,
                       f"after discovery; not possible to check now: {exc.message}")
-            return
+            return None
         self._check_shared(pool, attachments)
         thp = thp_mode()
         for a in attachments:
             warning = loopback_tcp_warning(a.transport, a.traddr, thp)
             if warning:
                 log.warning(warning, pool=pool.name)
-        record.update({"hostnqn": hostnqn, "layout": pool.layout, "shared": pool.shared,
-                       "subsystems": [], "devices": [], "mounts": [], "created_dirs": [],
-                       "complete": False})
+        record = PoolAttachment(hostnqn, pool.layout, pool.shared)
+        box.append(record)
         options = FabricsOptions.from_config(pool.connect)
         wait = self.cfg.initiator.device_wait if self.cfg.initiator else 30.0
         connected: dict[str, list[Controller]] = {}
@@ -282,14 +280,14 @@ class InitiatorPass:
                           f"{a.transport} {a.traddr}:{a.trsvcid}")
                 self._act(pool.name, "attach", pool.mount,
                           "find namespaces, make xfs if blank, mount, probe, engines")
-                return
+                return None
             try:
                 res = connect(target, cli=self.cli, sysfs=self.sysfs, sleep=self.seams.sleep)
             except ConnectError as exc:
                 # Another path (target address) to the same subsystem may still work.
                 path_errors.append((a.subsysnqn, exc))
                 continue
-            record["subsystems"].append(dataclasses.asdict(a))
+            record.subsystems.append(a)
             connected.setdefault(a.subsysnqn, []).extend(res.controllers)
             if res.changed:
                 self._act(pool.name, "nvme.connect", a.subsysnqn,
@@ -307,16 +305,22 @@ class InitiatorPass:
                 raise KvagentError(f"{nqn} has no namespaces for this host",
                                    "check the pool on the storage host (kvagent status there)")
             found = wait_for_namespaces(self.sysfs, nqn, nsids, timeout=wait)
-            record["devices"] += [{"subsysnqn": d.subsysnqn, "nsid": d.nsid, "uuid": d.uuid,
-                                   "device": d.device} for d in found]
+            record.devices += [AttachedDevice(d.subsysnqn, d.nsid, d.uuid, d.device)
+                               for d in found]
             devices += found
+        mounted = None
         if not pool.shared:
             mounts = self._filesystems(pool, hostnqn, devices, record)
             if not self.dry_run:
-                self._engines(pool, mounts, attachments[0].transport)
+                remounted = any(
+                    a.pool == pool.name and a.status == "done"
+                    and a.kind in ("mkfs.xfs", "mount", "lvm.striped")
+                    for a in self.result.actions)
+                mounted = MountedPool(pool, tuple(mounts), attachments[0].transport, remounted)
         if old is not None:
             self._drop_stale(pool.name, old, record)
-        record["complete"] = True
+        record.complete = True
+        return mounted
 
     def _live_controller(self, nqn: str, controllers: list[Controller],
                          wait: float) -> Controller:
@@ -338,19 +342,19 @@ class InitiatorPass:
             self.seams.sleep(0.2)
 
     def _filesystems(self, pool: InitiatorPool, hostnqn: str,
-                     devices: list[NamespaceDevice], record: dict[str, Any]) -> list[str]:
+                     devices: list[NamespaceDevice], record: PoolAttachment) -> list[str]:
         mounts = namespace_mounts(pool, len(devices))
         if pool.layout == "striped":
             total = sum(d.size_bytes or 0 for d in devices)
             uuids = ",".join(sorted(d.uuid for d in devices))
             fs_uuid = str(filesystem_uuid(hostnqn, f"striped:{pool.name}:{uuids}"))
             self._check_size(pool, "the striped volume", total)
-            record["mounts"] = list(mounts)
+            record.mounts = list(mounts)
             pairs = [(self._striped(pool, devices), fs_uuid, mounts[0], 1)]
         else:
             for d in devices:
                 self._check_size(pool, f"{d.device} (nsid {d.nsid})", d.size_bytes)
-            record["mounts"] = list(mounts)
+            record.mounts = list(mounts)
             pairs = [(d.device, str(filesystem_uuid(hostnqn, d.uuid)), m, i)
                      for i, (d, m) in enumerate(zip(devices, mounts, strict=True), 1)]
         for device, fs_uuid, mount, index in pairs:
@@ -364,7 +368,7 @@ class InitiatorPass:
             if ensure_filesystem(device, fs_uuid, xfs_label(pool.name, index), self.runner):
                 self._act(pool.name, "mkfs.xfs", device, f"uuid {fs_uuid}")
             if mounted_at(mount, self.seams.mountinfo) is None:
-                record["created_dirs"] += create_mount_point(mount)
+                record.created_dirs += create_mount_point(mount)
             if ensure_mounted(device, mount, pool.mount_options, self.runner,
                               self.seams.mountinfo, self.seams.devnum):
                 self._act(pool.name, "mount", mount, device)
@@ -387,84 +391,28 @@ class InitiatorPass:
             self._act(pool.name, "lvm.striped", path, f"{len(devices)} stripes")
         return path
 
-    def _probes(self, pool: InitiatorPool, mounts: list[str],
-                transport: str) -> list[ProbeResult]:
-        """The mounts' probe results: recorded ones while nothing was (re)mounted.
-
-        Probing writes and preallocates real data: a converged pass (every
-        ``kvagent run`` interval) reuses the record instead of probing again.
-        """
-        remounted = any(a.pool == pool.name and a.kind in ("mkfs.xfs", "mount", "lvm.striped")
-                        and a.status == "done" for a in self.result.actions)
-        record = probes_file(self.state_dir, pool.name)
-        if not remounted:
-            try:
-                recorded = [probe_from_json(p) for p in read_json(record, [])]
-            except (KvagentError, KeyError, TypeError, ValueError):
-                recorded = []
-            if [p.path for p in recorded] == list(mounts) and all(p.transport == transport
-                                                                  for p in recorded):
-                return recorded
-        probes = [self.seams.probe(m, transport, sysfs=self.cfg.node.sysfs) for m in mounts]
-        write_json(record, [dataclasses.asdict(p) for p in probes])
-        return probes
-
-    def _engines(self, pool: InitiatorPool, mounts: list[str], transport: str) -> None:
-        probes = self._probes(pool, mounts, transport)
-        out_root = self.state_dir / "engines" / pool.name
-        kinds = {e.kind for e in pool.engines}
-        if out_root.is_dir():
-            for stale in sorted(p for p in out_root.iterdir() if p.name not in kinds):
-                shutil.rmtree(stale)
-                self._act(pool.name, "engine.unrender", str(stale))
-        if not pool.engines:
-            return
-        total = sum(p.total_bytes or 0 for p in probes)
-        caps = engine_capacities(total, pool.engines)
-        for engine in pool.engines:
-            for prepared in prepare(mounts, engine):
-                if prepared.changes:
-                    self._act(pool.name, "engine.dir", prepared.path, ", ".join(prepared.changes))
-            rendered = render_engine(pool, engine.kind, mounts, caps[engine.kind], probes)
-            out_dir = out_root / engine.kind
-            for name, text in rendered.files.items():
-                path = out_dir / name
-                if not path.exists() or path.read_text() != text:
-                    out_dir.mkdir(parents=True, exist_ok=True)
-                    path.write_text(text)
-                    self._act(pool.name, "engine.render", str(path), engine.kind)
-            if out_dir.is_dir():
-                for stale in sorted(p for p in out_dir.iterdir() if p.name not in rendered.files):
-                    stale.unlink()
-                    self._act(pool.name, "engine.unrender", str(stale), engine.kind)
-
-    def _drop_stale(self, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    def _drop_stale(self, name: str, old: PoolAttachment, new: PoolAttachment) -> None:
         """Undo what an earlier attach did that the config no longer asks for."""
-        stale_mounts = [m for m in old.get("mounts", []) if m not in new["mounts"]]
+        stale_mounts = [m for m in old.mounts if m not in new.mounts]
         self._unmount_all(name, stale_mounts, old)
-        keep = {s["subsysnqn"] for s in new["subsystems"]}
-        stale = [s for s in old.get("subsystems", []) if s["subsysnqn"] not in keep]
-        self._disconnect_all(name, stale, old["hostnqn"])
+        keep = {s.subsysnqn for s in new.subsystems}
+        stale = [s for s in old.subsystems if s.subsysnqn not in keep]
+        self._disconnect_all(name, stale, old.hostnqn)
 
     # ------------------------------------------------------------------ detach
-    def _detach(self, name: str, record: dict[str, Any]) -> None:
-        self._unmount_all(name, record.get("mounts", []), record)
-        striped = record.get("layout") == "striped"
+    def _detach(self, name: str, record: PoolAttachment) -> None:
+        self._unmount_all(name, record.mounts, record)
+        striped = record.layout == "striped"
         if striped and (self.dry_run or deactivate(name, self.runner)):
             self._act(name, "lvm.deactivate", volume_path(name))
-        self._disconnect_all(name, record.get("subsystems", []), record["hostnqn"])
+        self._disconnect_all(name, record.subsystems, record.hostnqn)
         if self.dry_run:
             return
-        removed = remove_mount_points(record.get("created_dirs", []), self.seams.mountinfo)
+        removed = remove_mount_points(record.created_dirs, self.seams.mountinfo)
         for d in removed:
             self._act(name, "rmdir", d, "mount directory kvagent created")
-        probes_file(self.state_dir, name).unlink(missing_ok=True)
-        renders = self.state_dir / "engines" / name
-        if renders.is_dir():
-            shutil.rmtree(renders)
-            self._act(name, "engine.unrender", str(renders))
 
-    def _unmount_all(self, name: str, mounts: list[str], record: dict[str, Any]) -> None:
+    def _unmount_all(self, name: str, mounts: list[str], record: PoolAttachment) -> None:
         for mount in reversed(mounts):
             entry = mounted_at(mount, self.seams.mountinfo)
             if entry is None:
@@ -477,121 +425,23 @@ class InitiatorPass:
             if self.dry_run or unmount(mount, self.runner, self.seams.mountinfo):
                 self._act(name, "umount", mount)
 
-    def _is_pool_mount(self, name: str, entry: MountEntry, record: dict[str, Any]) -> bool:
+    def _is_pool_mount(self, name: str, entry: MountEntry, record: PoolAttachment) -> bool:
         dev = Path(self.cfg.node.sysfs) / "dev/block" / entry.device
         uuid = read_attr(dev / "uuid")
-        if uuid is not None and uuid in {d.get("uuid") for d in record.get("devices", [])}:
+        if uuid is not None and uuid.lower() in {d.uuid.lower() for d in record.devices}:
             return True
-        if record.get("layout") == "striped" and read_attr(dev / "dm/name") == dm_name(name):
+        if record.layout == "striped" and read_attr(dev / "dm/name") == dm_name(name):
             return True
-        known = {d.get("device") for d in record.get("devices", [])} | {
+        known = {d.device for d in record.devices} | {
             volume_path(name), f"/dev/mapper/{dm_name(name)}"}
         return entry.source in known
 
-    def _disconnect_all(self, name: str, subsystems: list[dict[str, Any]], hostnqn: str) -> None:
+    def _disconnect_all(self, name: str, subsystems: list[SubsystemPath], hostnqn: str) -> None:
         for sub in subsystems:
             if self.dry_run:
-                self._act(name, "nvme.disconnect", sub["subsysnqn"])
+                self._act(name, "nvme.disconnect", sub.subsysnqn)
                 continue
-            gone = disconnect_controllers(sub["subsysnqn"], hostnqn, cli=self.cli,
+            gone = disconnect_controllers(sub.subsysnqn, hostnqn, cli=self.cli,
                                           sysfs=self.sysfs)
             if gone:
-                self._act(name, "nvme.disconnect", sub["subsysnqn"], ", ".join(gone))
-
-
-def probes_file(state_dir: Path, pool: str) -> Path:
-    """Where apply records the probe results of a pool's mounts."""
-    return state_dir / "probes" / f"{pool}.json"
-
-
-def render_engine(pool: InitiatorPool, kind: str, mounts: list[str], capacity: int,
-                  probes: list[ProbeResult]) -> Rendered:
-    """Render one engine's config for a mounted pool."""
-    ctx = EngineContext(pool=pool.name, kind=kind,  # type: ignore[arg-type]
-                        directories=tuple(engine_dir(m, kind) for m in mounts),
-                        capacity_bytes=capacity, probes=tuple(probes))
-    return render(kind, ctx)
-
-
-# ------------------------------------------------------------- engines render
-def probe_from_json(data: dict[str, Any]) -> ProbeResult:
-    """A :class:`ProbeResult` back from its recorded JSON (``dataclasses.asdict``)."""
-    def failure(d: dict[str, Any] | None) -> StepFailure | None:
-        return None if d is None else StepFailure(d["step"], d.get("errno"), d["error"])
-
-    od, fa, dio = data["odirect"], data["fallocate"], data["dio_align"]
-    return ProbeResult(
-        path=data["path"], transport=data.get("transport"), started_at=data["started_at"],
-        finished_at=data["finished_at"], odirect_ok=data["odirect_ok"],
-        fallocate_ok=data["fallocate_ok"],
-        odirect=ODirectResult(od["ok"], od["size_bytes"], od["alignment"],
-                              failure(od.get("failure")), od.get("sha256")),
-        fallocate=FallocateResult(fa["ok"], fa["requested_bytes"], fa.get("reserved_bytes"),
-                                  fa.get("method"), failure(fa.get("failure"))),
-        dio_align=DioAlign(dio.get("mem_align"), dio.get("offset_align"), dio.get("error")),
-        device=data.get("device"), logical_block_size=data.get("logical_block_size"),
-        total_bytes=data.get("total_bytes"), free_bytes=data.get("free_bytes"),
-        errors=tuple(data.get("errors", ())))
-
-
-@dataclass(frozen=True)
-class AttachedRender:
-    """One engine's config for an attached pool, as ``kvagent engines render`` shows it."""
-
-    pool: str
-    engine: str
-    mounts: tuple[str, ...]
-    directories: tuple[str, ...]
-    capacity_bytes: int
-    probes_from: str  # "record" (apply's probes) or "now"
-    rendered: Rendered
-
-
-def render_attached(cfg: Config, pool_name: str, kind: str, *, probe_now: bool = False,
-                    seams: HostSeams | None = None) -> AttachedRender:
-    """Render engine ``kind`` for the attached initiator pool ``pool_name``.
-
-    UsageError (exit 2) for a pool or engine the config does not have;
-    KvagentError (exit 1) when the pool is not attached or not mounted.
-    Probes come from apply's record unless ``probe_now`` (or no usable record).
-    """
-    seams = seams or HostSeams()
-    pools = {p.name: p for p in (cfg.initiator.pools if cfg.initiator else ())}
-    pool = pools.get(pool_name)
-    if pool is None:
-        raise UsageError(f"unknown initiator pool {pool_name!r}; this host's config has "
-                         f"{', '.join(sorted(pools)) or 'no initiator pools'}")
-    engines = [e.kind for e in pool.engines]
-    if kind not in engines:
-        raise UsageError(f"engine {kind!r} is not configured for pool {pool_name!r} (it has "
-                         f"{', '.join(engines) or 'no engines'})",
-                         f"add {{kind: {kind}}} to the pool's engines and run kvagent apply")
-    state_dir = Path(cfg.node.state_dir)
-    record = load_state(state_dir).get(pool_name)
-    if record is None or not record.get("mounts"):
-        raise KvagentError(f"pool {pool_name!r} is not attached on this host",
-                           "run kvagent apply (kvagent plan shows what it would do)")
-    mounts = list(record["mounts"])
-    missing = [m for m in mounts if mounted_at(m, seams.mountinfo) is None]
-    if missing:
-        raise KvagentError(f"pool {pool_name!r} is not mounted at {', '.join(missing)}",
-                           "run kvagent apply to mount it again")
-    dirs = [engine_dir(m, kind) for m in mounts]
-    absent = [d for d in dirs if not os.path.isdir(d)]
-    if absent:
-        raise KvagentError(f"engine directory {', '.join(absent)} does not exist",
-                           "run kvagent apply to prepare the engine's directories")
-    probes, source = None, "now"
-    if not probe_now:
-        recorded = read_json(probes_file(state_dir, pool_name), None)
-        if recorded is not None:
-            loaded = [probe_from_json(p) for p in recorded]
-            if [p.path for p in loaded] == mounts:
-                probes, source = loaded, "record"
-    if probes is None:
-        transport = (record.get("subsystems") or [{}])[0].get("transport")
-        probes = [seams.probe(m, transport, sysfs=cfg.node.sysfs) for m in mounts]
-    caps = engine_capacities(sum(p.total_bytes or 0 for p in probes), pool.engines)
-    rendered = render_engine(pool, kind, mounts, caps[kind], probes)
-    return AttachedRender(pool_name, kind, tuple(mounts), tuple(dirs), caps[kind], source,
-                          rendered)
+                self._act(name, "nvme.disconnect", sub.subsysnqn, ", ".join(gone))

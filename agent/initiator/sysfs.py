@@ -321,6 +321,16 @@ class Sysfs:
         """Every namespace block device (multipath heads; hidden path nodes are folded in)."""
         return [h for h in (self.namespace(n) for n in self.namespace_names()) if h]
 
+    def namespace_by_nsid(self, subsysnqn: str, nsid: int) -> NamespaceHead | None:
+        """The namespace ``nsid`` of subsystem ``subsysnqn`` on this host, or None."""
+        for name in self.namespace_names():
+            if _read_int(self.root / "block" / name / "nsid") != nsid:
+                continue
+            head = self.namespace(name)
+            if head is not None and head.nsid == nsid and head.subsysnqn == subsysnqn:
+                return head
+        return None
+
     def namespace_by_uuid(self, uuid: str) -> NamespaceHead | None:
         """The namespace whose ``uuid`` attribute equals ``uuid`` (case-insensitive)."""
         want = uuid.lower()

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from nvmet.ids import namespace_nguid, namespace_uuid
 from nvmet.model import Host, Namespace, Port, Subsystem
 
-from ..config.model import Config, DeviceBacking, PortConfig, TargetPool
+from ..config.model import Config, PortConfig, TargetPool
 from ..config.types import IPAddress
-from ..naming import subsystem_nqn
-from .steps import Volume
+from .backings.base import Volume
+from .desired import pool_nqn
 
 
 @dataclass(frozen=True)
@@ -30,41 +29,26 @@ def serial_for(nqn: str) -> str:
     return hashlib.sha256(nqn.encode()).hexdigest()[:20]
 
 
-def pool_hosts(pool: TargetPool) -> list[str | None]:
-    """Host names that get a subsystem: each listed host, or [None] for one shared subsystem.
+def export_pool(cfg: Config, pool: TargetPool, hosts: Iterable[str | None],
+                volumes: Iterable[Volume], live_nqns: frozenset[str],
+                kept: Mapping[tuple[str | None, int], Namespace] | None = None) -> PoolExport:
+    """The subsystems of ``pool`` for ``hosts`` (its layout), holding ``volumes``.
 
-    An empty host list exports nothing (unless a shared pool explicitly allows any host);
-    in a whole-device pool only the hosts that are given a device get a subsystem.
+    Each namespace carries the identity recorded with its storage (``Volume.uuid``);
+    ``kept`` are live namespaces to keep exactly as they are (a refused change). Model
+    and serial are set only when a subsystem is created (the kernel fixes them once a
+    host has identified the controller): ``live_nqns`` says which exist.
     """
-    if pool.shared:
-        return [None] if (pool.hosts or pool.allow_any_host) else []
-    names = [h.name for h in pool.hosts]
-    if isinstance(pool.backing, DeviceBacking):
-        # A whole-device pool carves nothing: a host without a device gets no subsystem.
-        with_devices = {d.host for d in pool.backing.devices}
-        return [n for n in names if n in with_devices]
-    return names
-
-
-def pool_subsystem_nqns(cfg: Config, pool: TargetPool) -> dict[str | None, str]:
-    """``{host name or None: subsystem NQN}`` for the pool."""
-    return {host: subsystem_nqn(cfg.node.nqn_prefix, cfg.node.name, pool.name, host)
-            for host in pool_hosts(pool)}
-
-
-def export_pool(cfg: Config, pool: TargetPool, volumes: Iterable[Volume],
-                live_nqns: frozenset[str]) -> PoolExport:
-    """The subsystems of ``pool`` holding ``volumes``.
-
-    Model and serial are set only when a subsystem is created (the kernel fixes
-    them once a host has identified the controller): ``live_nqns`` says which exist.
-    """
-    nqns = pool_subsystem_nqns(cfg, pool)
-    by_host: dict[str | None, list[Volume]] = {}
+    by_host: dict[str | None, dict[int, Namespace]] = {}
     for v in volumes:
-        by_host.setdefault(v.host, []).append(v)
+        by_host.setdefault(v.host, {})[v.nsid] = Namespace(
+            nsid=v.nsid, device_path=v.path, device_uuid=v.uuid, device_nguid=v.nguid,
+            enable=True, buffered_io=v.buffered_io if v.size is not None else None)
+    for (host, nsid), ns in (kept or {}).items():
+        by_host.setdefault(host, {})[nsid] = ns
     subsystems = []
-    for host, nqn in nqns.items():
+    for host in hosts:
+        nqn = pool_nqn(cfg, pool.name, host)
         attrs = {"allow_any_host": pool.allow_any_host}
         if nqn not in live_nqns:
             attrs |= {"model": pool.model, "serial": serial_for(nqn)}
@@ -72,12 +56,7 @@ def export_pool(cfg: Config, pool: TargetPool, volumes: Iterable[Volume],
                    else [h.nqn for h in pool.hosts if h.name == host])
         if pool.allow_any_host:
             allowed = []
-        namespaces = [
-            Namespace(nsid=v.nsid, device_path=v.path,
-                      device_uuid=namespace_uuid(nqn, v.nsid),
-                      device_nguid=namespace_nguid(nqn, v.nsid), enable=True,
-                      buffered_io=v.buffered_io if v.size is not None else None)
-            for v in sorted(by_host.get(host, []), key=lambda v: v.nsid)]
+        namespaces = [ns for _, ns in sorted(by_host.get(host, {}).items())]
         subsystems.append(Subsystem(nqn=nqn, attrs=attrs, namespaces=namespaces,
                                     allowed_hosts=frozenset(allowed)))
     port_ids = tuple(p.id for p in cfg.target.ports if p.name in pool.ports) if cfg.target else ()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,12 +11,17 @@ from nvmet.errors import NvmetError
 
 from ..config.model import Config
 from ..errors import KvagentError, UsageError
+from ..lock import apply_lock
 from ..naming import parse_subsystem_nqn
+from ..records import PoolRecord, TargetRecords
 from ..system.run import Runner
-from .backing_device import release_claims
-from .backing_file import destroy_files
-from .backing_lvm import list_owned_volumes, remove_volume
-from .reconcile import TargetState, _backing_record, nvmet_fs
+from .backings import DRIVERS, driver_for, driver_of_kind
+from .backings.base import Doomed, PassContext
+from .reconcile import nvmet_fs
+from .usage import DeviceUsage
+
+#: How long ``pool destroy`` waits for a running apply (or the agent's pass) to finish.
+DESTROY_LOCK_WAIT = 120.0
 
 
 def _live_tree(cfg: Config, fs: nvmet.ConfigFS | None) -> nvmet.Tree | None:
@@ -27,12 +33,14 @@ def _live_tree(cfg: Config, fs: nvmet.ConfigFS | None) -> nvmet.Tree | None:
 
 def list_pools(cfg: Config, fs: nvmet.ConfigFS | None = None) -> list[dict[str, Any]]:
     """Every target pool known from the config or kvagent's records, with its live export."""
-    state = TargetState.load(Path(cfg.node.state_dir))
+    records = TargetRecords.load(cfg.node.state_dir)
     live = _live_tree(cfg, fs)
     configured = {p.name: p for p in (cfg.target.pools if cfg.target else ())}
     out = []
-    for name in sorted(set(configured) | set(state.pools)):
+    for name in sorted(set(configured) | set(records.pools)):
         pool = configured.get(name)
+        record: PoolRecord | None = driver_for(pool).record(pool) if pool else \
+            records.pools.get(name)
         subs = []
         if live is not None:
             for nqn, sub in live.subsystems.items():
@@ -44,14 +52,19 @@ def list_pools(cfg: Config, fs: nvmet.ConfigFS | None = None) -> list[dict[str, 
                         "namespaces": len(sub.namespaces),
                         "enabled": sum(1 for ns in sub.namespaces.values() if ns.enable),
                         "allowed_hosts": sorted(sub.allowed_hosts), "ports": ports})
+        bound = sorted(records.pool_bindings(name), key=lambda b: (b.nqn, b.nsid))
         out.append({
             "name": name,
             "configured": pool is not None,
-            "backing": _backing_record(pool) if pool else state.pools.get(name),
+            "backing": record.to_json() if record else None,
+            "where": driver_of_kind(record.kind).where(record) if record else "?",
             "shared": pool.shared if pool else None,
             "hosts": [h.name for h in pool.hosts] if pool else [],
             "exported": bool(subs),
             "subsystems": subs,
+            "namespaces": [{"nqn": b.nqn, "nsid": b.nsid, "host": b.host, "uuid": b.uuid,
+                            "storage": b.storage.path, "storage_kind": b.storage.kind,
+                            "storage_detail": b.storage.detail} for b in bound],
             "nvmet_readable": live is not None,
         })
     return out
@@ -62,15 +75,25 @@ def destroy_pool(cfg: Config, name: str, runner: Runner, *, yes: bool,
     """Delete the data of a pool that is no longer configured nor exported.
 
     Only what kvagent provably owns goes: LVs tagged with the pool, files in the
-    pool's manifest. Whole devices are released from kvagent's claims, never wiped.
-    Without ``yes`` nothing is deleted and the plan is returned.
+    pool's manifest (only names kvagent creates, inside the pool's directory). Whole
+    devices are released from kvagent's claims, never wiped. Nothing is deleted that
+    any nvmet namespace — kvagent's or not — still exports. Holds the apply lock, so
+    no apply or agent pass runs meanwhile. Without ``yes`` nothing is deleted and the
+    plan is returned.
     """
     if cfg.target and any(p.name == name for p in cfg.target.pools):
         raise UsageError(f"pool {name!r} is still in the config",
                          "remove it from target.pools and run kvagent apply (that unexports "
                          "it and keeps its data), then destroy it")
-    state = TargetState.load(Path(cfg.node.state_dir))
-    record = state.pools.get(name)
+    with apply_lock(cfg.node.run_dir, wait=True, timeout=DESTROY_LOCK_WAIT):
+        return _destroy(cfg, name, runner, yes=yes, fs=fs)
+
+
+def _destroy(cfg: Config, name: str, runner: Runner, *, yes: bool,
+             fs: nvmet.ConfigFS | None) -> dict[str, Any]:
+    state_dir = Path(cfg.node.state_dir)
+    records = TargetRecords.load(state_dir)
+    record = records.pools.get(name)
     live = _live_tree(cfg, fs)
     if live is None:
         raise KvagentError("cannot read the nvmet tree to prove the pool is not exported",
@@ -82,33 +105,40 @@ def destroy_pool(cfg: Config, name: str, runner: Runner, *, yes: bool,
     if exported:
         raise KvagentError(f"pool {name!r} is still exported ({', '.join(exported)})",
                            "run kvagent apply first (the pool is no longer configured)")
-    volumes = [v for v in list_owned_volumes(runner) if v.tag_value("kvagent_pool") == name] \
-        if (record is None or record.get("kind") == "lvm") else []
-    files_dir = (Path(record["directory"]) / name
-                 if record and record.get("kind") == "file" else None)
-    files = sorted((files_dir / rel).as_posix() for rel in _manifest_files(files_dir))
-    if record is None and not volumes:
-        raise UsageError(f"kvagent knows no pool named {name!r}",
-                         "see kvagent pool list")
-    plan = {"pool": name, "logical_volumes": [v.path for v in volumes], "files": files,
-            "device_claims": [] if not record or record.get("kind") != "device"
-            else record.get("devices", []), "destroyed": False}
+    ctx = PassContext(cfg, runner, records, live, DeviceUsage())
+    drivers = [driver_of_kind(record.kind)] if record else list(DRIVERS.values())
+    doomed: list[Doomed] = [d for drv in drivers for d in drv.doomed(ctx, name, record)]
+    data = [d for d in doomed if d.kind != "manifest"]
+    if record is None and not data:
+        raise UsageError(f"kvagent knows no pool named {name!r}", "see kvagent pool list")
+    in_use = _still_exported(live, data)
+    if in_use:
+        raise KvagentError(
+            f"refusing to destroy pool {name!r}: " + "; ".join(in_use),
+            "something still exports this data (an export under an old node name, or a "
+            "hand-made one); remove that export first — kvagent never deletes exported data")
+    plan = {"pool": name,
+            "logical_volumes": [d.path for d in data if d.kind == "logical_volume"],
+            "files": [d.path for d in data if d.kind == "file"],
+            "device_claims": [d.path for d in data if d.kind == "device_claim"],
+            "destroyed": False}
     if not yes:
         return plan
-    for v in volumes:
-        remove_volume(runner, v, name)
-    if files_dir is not None:
-        destroy_files(files_dir)
-    release_claims(Path(cfg.node.state_dir), name)
-    state.pools.pop(name, None)
-    state.save(Path(cfg.node.state_dir))
+    for d in doomed:
+        d.delete()
+    records.pools.pop(name, None)
+    for b in records.pool_bindings(name):
+        del records.bindings[b.key]
+    records.save(state_dir)
     plan["destroyed"] = True
     return plan
 
 
-def _manifest_files(directory: Path | None) -> list[str]:
-    if directory is None:
-        return []
-    from .backing_file import read_manifest
-
-    return list(read_manifest(directory).get("files", {}))
+def _still_exported(live: nvmet.Tree, doomed: list[Doomed]) -> list[str]:
+    exported = {}
+    for sub in live.subsystems.values():
+        for ns in sub.namespaces.values():
+            if ns.device_path:
+                exported[os.path.realpath(ns.device_path)] = f"namespace {ns.nsid} of {sub.nqn}"
+    return [f"{d.path} is exported by {exported[real]}" for d in doomed
+            if (real := os.path.realpath(d.path)) in exported]

@@ -1,68 +1,49 @@
 """The storage-host pass of plan/apply: backings, then the nvmet tree, idempotently.
 
-Order: read the live nvmet tree (a failed read aborts: never "empty"); plan
-each pool's backing (LVM, file, device); run the backing steps (apply only);
-build the desired nvmet tree — a pool whose backing failed keeps exactly its
-live objects, so it degrades alone and nothing of it is torn down — and plan
-it against the live tree within kvagent's scope (its own subsystems, the ports
-and hosts it created); apply; retry links whose address is not configured yet
-(EADDRNOTAVAIL) until ``target.address_wait`` runs out.
+Order: read kvagent's records and the live nvmet tree (a failed read aborts: never
+"empty"); check that this host still exports under the name its records say (a
+renamed node would export the same storage twice); plan each pool's backing with its
+driver; check each namespace's identity against its binding — storage never changes
+under a known uuid, and no storage is exported twice — keeping a refused namespace
+exactly as it is live; run the backing steps (apply only); build the desired nvmet
+tree — a pool whose backing failed keeps exactly its live objects, so it degrades
+alone and nothing of it is torn down — and plan it against the live tree within
+kvagent's scope (its own subsystems, the ports and hosts it created); record intent
+(bindings, ports and hosts about to be created); apply; retry links whose address is
+not configured yet (EADDRNOTAVAIL) until ``target.address_wait`` runs out; record the
+outcome.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 import nvmet
 from nvmet.errors import AddressNotAvailable, NvmetError, NvmetUnavailable, PlanError
-from nvmet.model import Port, Subsystem, Tree
-from nvmet.planner import Action, revalidate_action
+from nvmet.model import Namespace, Port, Subsystem, Tree, canonical
+from nvmet.planner import Action
 
-from ..config.model import Config, DeviceBacking, FileBacking, LvmBacking, TargetPool
+from ..config.model import Config, TargetPool
 from ..errors import KvagentError
 from ..log import get_logger
 from ..naming import parse_subsystem_nqn
+from ..records import SCHEMA, Binding, Storage, TargetRecords
 from ..result import ActionRecord, RunResult
-from ..state import read_json, write_json
 from ..system.modules import ensure_modules
 from ..system.run import Runner
-from .backing_device import plan_device, read_claims
-from .backing_file import plan_file
-from .backing_lvm import list_owned_volumes, list_volume_groups, plan_lvm
-from .export import desired_hosts, desired_port, export_pool, pool_hosts
-from .steps import BackingPlan
-from .usage import DeviceUsage, device_usage
+from .backings import DRIVERS, driver_for
+from .backings.base import BackingPlan, PassContext, Volume
+from .desired import pool_layout, pool_nqn
+from .export import desired_hosts, desired_port, export_pool
+from .usage import device_usage
 
 log = get_logger("target")
-STATE_FILE = "target.json"
-
-
-@dataclass
-class TargetState:
-    """What kvagent created on the target: port ids, host NQNs, pool backings."""
-
-    ports: set[int] = field(default_factory=set)
-    hosts: set[str] = field(default_factory=set)
-    pools: dict[str, dict] = field(default_factory=dict)
-
-    @classmethod
-    def load(cls, state_dir: Path) -> TargetState:
-        data = read_json(state_dir / STATE_FILE, {})
-        return cls(set(data.get("ports", [])), set(data.get("hosts", [])),
-                   dict(data.get("pools", {})))
-
-    def save(self, state_dir: Path) -> None:
-        write_json(state_dir / STATE_FILE, {"ports": sorted(self.ports),
-                                             "hosts": sorted(self.hosts), "pools": self.pools})
-
-    @property
-    def empty(self) -> bool:
-        return not (self.ports or self.hosts or self.pools)
+Key = tuple[str | None, int]
 
 
 def nvmet_fs(cfg: Config) -> nvmet.RealConfigFS:
@@ -70,24 +51,56 @@ def nvmet_fs(cfg: Config) -> nvmet.RealConfigFS:
     return nvmet.RealConfigFS(os.path.join(cfg.node.configfs, "nvmet"))
 
 
-def _backing_record(pool: TargetPool) -> dict:
-    b = pool.backing
-    if isinstance(b, LvmBacking):
-        return {"kind": "lvm", "volume_group": b.volume_group}
-    if isinstance(b, FileBacking):
-        return {"kind": "file", "directory": b.directory}
-    return {"kind": "device", "devices": [d.path for d in b.devices]}
+def node_identity_problem(cfg: Config, records: TargetRecords,
+                          live: Tree) -> tuple[str, str] | None:
+    """Why this host may not export under its configured name now (None: it may).
+
+    kvagent records the node name and NQN prefix it exports under. Exporting under
+    another name while the old one still has subsystems or bound namespaces would
+    export the same storage twice, under new identities: refused. Records from before
+    names were recorded are checked against the live tree.
+    """
+    node, prefix = cfg.node.name, cfg.node.nqn_prefix
+    if records.node is None:
+        owners = sorted({p[0] for nqn in live.subsystems
+                         if (p := parse_subsystem_nqn(prefix, nqn)) and p[1] in records.pools})
+        if not owners or node in owners:
+            return None
+        old, old_prefix = owners[0], prefix
+    elif (records.node, records.nqn_prefix) == (node, prefix):
+        return None
+    else:
+        old, old_prefix = records.node, records.nqn_prefix or prefix
+        still = [nqn for nqn in live.subsystems if nqn.startswith(f"{old_prefix}:{old}:")]
+        if not still and not records.bindings:
+            return None
+    return (f"this host exports its pools as node {old!r} (NQN prefix {old_prefix}) and the "
+            f"config now says node {node!r} (NQN prefix {prefix}); exporting the same storage "
+            "under new subsystem names would export it twice and change the identity GPU "
+            "hosts trust, so kvagent changes nothing on the storage side",
+            f"set node.name: {old} (and node.nqn_prefix: {old_prefix}) in the config — the "
+            "default name is the hostname, which may have changed; to really rename, remove "
+            "every pool from target.pools and apply (that unexports them and keeps their "
+            "data), then set the new name and add the pools back")
 
 
 class TargetPass:
-    """One reconcile of the storage-host role."""
+    """One reconcile of the storage-host role.
+
+    ``rebind`` names pools whose namespaces may be re-pointed to other storage
+    (``kvagent apply --rebind POOL``): such a namespace takes the identity of its new
+    storage, so GPU hosts see a different namespace rather than other bytes under
+    the identity they know.
+    """
 
     def __init__(self, cfg: Config, runner: Runner, result: RunResult, *,
-                 fs: nvmet.ConfigFS | None = None, dry_run: bool = False):
+                 fs: nvmet.ConfigFS | None = None, dry_run: bool = False,
+                 rebind: Iterable[str] = ()):
         self.cfg, self.runner, self.result, self.dry_run = cfg, runner, result, dry_run
         self.fs = fs if fs is not None else nvmet_fs(cfg)
         self.state_dir = Path(cfg.node.state_dir)
         self.prefix = f"{cfg.node.nqn_prefix}:{cfg.node.name}"
+        self.rebind = frozenset(rebind)
 
     # ------------------------------------------------------------------ helpers
     def _pool_of(self, nqn: str) -> str | None:
@@ -109,6 +122,12 @@ class TargetPass:
             "target", pool, f"nvmet.{action.op}", action.path,
             action.value if action.op == "write" else str(action), status, error))
 
+    def _act(self, pool: str | None, kind: str, subject: str, detail: str = "",
+             status: str | None = None, error: str | None = None) -> None:
+        self.result.actions.append(ActionRecord(
+            "target", pool, kind, subject, detail,
+            status or ("planned" if self.dry_run else "done"), error))
+
     def _load_modules(self) -> None:
         modules = ["nvmet"]
         transports = {p.transport for p in self.cfg.target.ports} if self.cfg.target else set()
@@ -118,8 +137,12 @@ class TargetPass:
     # -------------------------------------------------------------------- pass
     def run(self) -> None:
         cfg = self.cfg
-        state = TargetState.load(self.state_dir)
-        if cfg.target is None and state.empty:
+        try:
+            records = TargetRecords.load(self.state_dir)
+        except KvagentError as exc:
+            self.result.error("target", None, exc.message, exc.hint)
+            return
+        if cfg.target is None and records.empty:
             return
         if not self.dry_run:
             self._load_modules()
@@ -133,29 +156,34 @@ class TargetPass:
                 return
             # Planning on a host where nvmet is not loaded yet: apply loads it, then
             # everything is created from an empty tree.
-            self.result.actions.append(ActionRecord("target", None, "modprobe", "nvmet",
-                                                    "the kernel target is not loaded yet"))
+            self._act(None, "modprobe", "nvmet", "the kernel target is not loaded yet")
             live, feats = Tree(), None
         except NvmetError as exc:
             self.result.error("target", None, exc.message, exc.hint)
             return
+        problem = node_identity_problem(cfg, records, live)
+        if problem is not None:
+            self.result.error("target", None, *problem)
+            return
         pools = list(cfg.target.pools) if cfg.target else []
-        plans = self._plan_backings(pools, live)
-        failed_pools = {name for name, p in plans.items() if p.errors}
+        ctx = self._context(pools, records, live)
+        plans = self._plan_backings(ctx, pools)
+        failed = {name for name, p in plans.items() if p.errors}
+        kept = self._check_identities(ctx, pools, plans, failed)
+        skip = {(name, key) for name, keys in kept.items() for key in keys}
+        skip |= {(name, (w.host, w.nsid)) for name, p in plans.items() for w in p.withheld}
         if not self.dry_run:
-            failed_pools |= self._run_steps(plans, failed_pools)
+            failed |= self._run_steps(plans, failed, skip)
         else:
-            for plan in plans.values():
+            for name, plan in plans.items():
                 for step in plan.steps:
-                    self.result.actions.append(ActionRecord(
-                        "target", step.pool, step.kind, step.subject, step.detail))
-        desired, port_ids, errors = self._desired(pools, plans, failed_pools, live, state)
-        for pool, message in errors:
-            self.result.error("target", pool, message)
+                    if (name, step.volume) not in skip:
+                        self._act(step.pool, step.kind, step.subject, step.detail)
+        desired, port_ids = self._desired(ctx, pools, plans, failed, kept)
         scope = nvmet.Scope.owned(subsystem_prefix=self.prefix,
-                                  port_ids=state.ports | port_ids,
-                                  hosts=state.hosts | set(desired.hosts))
-        revalidate = self._revalidate(plans, failed_pools, desired)
+                                  port_ids=records.ports | port_ids,
+                                  hosts=records.hosts | set(desired.hosts))
+        revalidate = self._revalidate(plans, failed, skip, desired)
         try:
             actions = nvmet.plan(desired, live, scope, feats, revalidate)
         except PlanError as exc:
@@ -165,73 +193,126 @@ class TargetPass:
             for a in actions:
                 self._record_nvmet(a, "planned")
             return
+        assert feats is not None
+        self._record_intent(records, live, desired, port_ids, plans, failed, skip)
         self._apply(actions, desired, scope, feats)
-        self._save_state(state, live, pools, failed_pools, port_ids)
+        self._record_outcome(records, live, pools, failed)
 
-    def _plan_backings(self, pools: list[TargetPool], live: Tree) -> dict[str, BackingPlan]:
-        plans: dict[str, BackingPlan] = {}
-        vgs = owned = None
+    def _context(self, pools: list[TargetPool], records: TargetRecords,
+                 live: Tree) -> PassContext:
         exported = {os.path.realpath(ns.device_path): sub.nqn
                     for sub in live.subsystems.values() for ns in sub.namespaces.values()
                     if ns.device_path and ns.device_path.startswith("/dev/")}
-        usage: DeviceUsage | None = None
-        creating: dict[str, tuple[str, tuple[str, ...]]] = {}
+        listed = [use for pool in pools for use in driver_for(pool).devices(pool)]
+        usage = device_usage(listed, records.claims, exported,
+                             {nqn: self._pool_of(nqn) for nqn in exported.values()})
+        return PassContext(self.cfg, self.runner, records, live, usage, self.dry_run)
+
+    def _plan_backings(self, ctx: PassContext, pools: list[TargetPool]) -> dict[str, BackingPlan]:
+        plans: dict[str, BackingPlan] = {}
         for pool in pools:
-            hosts = pool_hosts(pool)
             try:
-                if usage is None and isinstance(pool.backing, (LvmBacking, DeviceBacking)):
-                    usage = device_usage(pools, read_claims(self.state_dir), exported,
-                                         {nqn: self._pool_of(nqn) for nqn in exported.values()})
-                if isinstance(pool.backing, LvmBacking):
-                    if vgs is None:
-                        vgs, owned = list_volume_groups(self.runner), \
-                            list_owned_volumes(self.runner)
-                    plan = plan_lvm(pool, hosts, self.runner, vgs, owned or [], usage=usage,
-                                    creating=creating)
-                elif isinstance(pool.backing, FileBacking):
-                    plan = plan_file(pool, hosts)
-                else:
-                    assert isinstance(pool.backing, DeviceBacking)
-                    others = {dev: nqn for dev, nqn in exported.items()
-                              if self._pool_of(nqn) != pool.name}
-                    plan = plan_device(pool, self.runner, self.state_dir, others, usage)
-                    idle = [h.name for h in pool.hosts if not pool.shared and h.name not in hosts]
-                    if idle:
-                        log.warning("hosts of a device pool without a device get nothing",
-                                    pool=pool.name, hosts=idle)
-                    if not hosts:
-                        plan.steps, plan.volumes = [], []
+                plan = driver_for(pool).plan(ctx, pool)
             except KvagentError as exc:
                 plan = BackingPlan(errors=[f"pool {pool.name}: {exc}"])
             for message in plan.errors:
                 self.result.error("target", pool.name, message)
+            for w in plan.withheld:
+                self.result.error("target", pool.name, w.reason)
             plans[pool.name] = plan
         return plans
 
-    def _run_steps(self, plans: dict[str, BackingPlan], failed: set[str]) -> set[str]:
+    # --------------------------------------------------------------- identity
+    def _check_identities(self, ctx: PassContext, pools: list[TargetPool],
+                          plans: dict[str, BackingPlan],
+                          failed: set[str]) -> dict[str, dict[Key, Namespace | None]]:
+        """Refuse every volume that would move a namespace's identity or export storage twice.
+
+        Returns, per pool, the refused namespaces and the live namespace to keep in
+        their place (None when there is none live).
+        """
+        live = ctx.live
+        exported: dict[str, tuple[str, int]] = {}
+        for sub in live.subsystems.values():
+            for ns in sub.namespaces.values():
+                if ns.device_path:
+                    exported[os.path.realpath(ns.device_path)] = (sub.nqn, ns.nsid)
+        kept: dict[str, dict[Key, Namespace | None]] = {}
+        for pool in pools:
+            if pool.name in failed:
+                continue
+            for vol in plans[pool.name].volumes:
+                nqn = ctx.nqn(pool.name, vol.host)
+                sub = live.subsystems.get(nqn)
+                live_ns = sub.namespaces.get(vol.nsid) if sub else None
+                reason = self._refusal(ctx, pool, vol, nqn, live_ns, exported)
+                if reason is None:
+                    continue
+                kept.setdefault(pool.name, {})[vol.key] = live_ns
+                self.result.error("target", pool.name, *reason)
+        return kept
+
+    def _refusal(self, ctx: PassContext, pool: TargetPool, vol: Volume, nqn: str,
+                 live_ns: Namespace | None,
+                 exported: dict[str, tuple[str, int]]) -> tuple[str, str] | None:
+        where = exported.get(os.path.realpath(vol.path))
+        if where is not None and where != (nqn, vol.nsid):
+            return (f"pool {pool.name}: namespace {vol.nsid} of {nqn} would export "
+                    f"{vol.storage.describe()}, which nvmet already exports as namespace "
+                    f"{where[1]} of {where[0]}; kvagent never exports storage twice",
+                    "if the other subsystem is an old name of this host (node.name changed), "
+                    "set node.name back; otherwise remove that export first")
+        bound = ctx.records.bindings.get((nqn, vol.nsid))
+        if bound is None and live_ns is not None and live_ns.enable and live_ns.device_uuid:
+            bound = Binding(nqn, vol.nsid, live_ns.device_uuid, live_ns.device_nguid or "",
+                            pool.name, vol.host,
+                            Storage(vol.storage.kind, live_ns.device_path or "?",
+                                    "exported now"))
+        if bound is None or _same_id(bound.uuid, vol.uuid):
+            return None
+        if pool.name in self.rebind:
+            log.warning("re-pointing a namespace to other storage (--rebind)", pool=pool.name,
+                        nqn=nqn, nsid=vol.nsid, old=bound.storage.describe(),
+                        new=vol.storage.describe())
+            self._act(pool.name, "identity.rebind", f"{nqn} namespace {vol.nsid}",
+                      f"{bound.storage.describe()} -> {vol.storage.describe()}; new uuid "
+                      f"{vol.uuid}")
+            return None
+        return (f"pool {pool.name}: refusing to move namespace {vol.nsid} of {nqn} (uuid "
+                f"{bound.uuid}) from {bound.storage.describe()} to {vol.storage.describe()}: "
+                "a GPU host that knows this namespace would read and write other storage; "
+                "the namespace is left as it is",
+                "to move a pool to other storage, give it a new pool name (a new pool), or "
+                "remove it from the config and apply first (unexport), then add it back; "
+                f"`kvagent apply --rebind {pool.name}` re-points it with a new identity "
+                "(GPU hosts then see a new, different namespace)")
+
+    # ------------------------------------------------------------------ steps
+    def _run_steps(self, plans: dict[str, BackingPlan], failed: set[str],
+                   skip: set[tuple[str, Key]]) -> set[str]:
         newly_failed: set[str] = set()
         for name, plan in plans.items():
             if name in failed:
                 continue
             for step in plan.steps:
+                if (name, step.volume) in skip:
+                    continue
                 try:
                     step.run()
                 except (KvagentError, OSError) as exc:
                     message = str(exc)
-                    self.result.actions.append(ActionRecord(
-                        "target", name, step.kind, step.subject, step.detail, "failed", message))
+                    self._act(name, step.kind, step.subject, step.detail, "failed", message)
                     self.result.error("target", name, f"{step.kind} {step.subject}: {message}")
                     newly_failed.add(name)
                     break
-                self.result.actions.append(ActionRecord(
-                    "target", name, step.kind, step.subject, step.detail, "done"))
+                self._act(name, step.kind, step.subject, step.detail, "done")
         return newly_failed
 
-    def _desired(self, pools: list[TargetPool], plans: dict[str, BackingPlan],
-                 failed: set[str], live: Tree,
-                 state: TargetState) -> tuple[Tree, set[int], list[tuple[str | None, str]]]:
-        cfg = self.cfg
-        errors: list[tuple[str | None, str]] = []
+    # ---------------------------------------------------------------- desired
+    def _desired(self, ctx: PassContext, pools: list[TargetPool], plans: dict[str, BackingPlan],
+                 failed: set[str],
+                 kept: dict[str, dict[Key, Namespace | None]]) -> tuple[Tree, set[int]]:
+        cfg, live, records = self.cfg, ctx.live, ctx.records
         subsystems: dict[str, Subsystem] = {}
         links: dict[int, set[str]] = {}
         live_nqns = frozenset(live.subsystems)
@@ -245,7 +326,11 @@ class TargetPass:
                             if nqn in port.subsystems:
                                 links.setdefault(pid, set()).add(nqn)
                 continue
-            export = export_pool(cfg, pool, plans[pool.name].volumes, live_nqns)
+            refused = kept.get(pool.name, {})
+            volumes = [v for v in plans[pool.name].volumes if v.key not in refused]
+            keep = {k: ns for k, ns in refused.items() if ns is not None}
+            hosts = driver_for(pool).layout(pool, records).keys()
+            export = export_pool(cfg, pool, hosts, volumes, live_nqns, keep)
             if pool.allow_any_host and export.subsystems:
                 log.warning("pool lets any host connect (allow_any_host)", pool=pool.name)
             for sub in export.subsystems:
@@ -255,37 +340,40 @@ class TargetPass:
         ports: dict[int, Port] = {}
         accepted: set[int] = set()
         for pc in cfg.target.ports if cfg.target else ():
-            want = desired_port(pc, links.get(pc.id, set()))
             lport = live.ports.get(pc.id)
-            if lport is not None and pc.id not in state.ports:
-                foreign = {n for n in lport.subsystems if not n.startswith(self.prefix + ":")}
-                same = all(lport.addr.get(k) == v for k, v in want.addr.items())
-                if foreign or (not same and lport.subsystems):
-                    errors.append((None, f"port {pc.name}: nvmet port id {pc.id} exists and was "
-                                         "not created by kvagent; choose another id"))
-                    # keep our pools' live links (if any) as they are
-                    continue
-            ports[pc.id] = want
+            if lport is not None and pc.id not in records.ports:
+                linked = sorted(lport.subsystems)
+                what = (f"it exports {', '.join(linked)}" if linked
+                        else "no subsystem is linked to it")
+                self.result.error(
+                    "target", None,
+                    f"port {pc.name}: nvmet port {pc.id} exists and kvagent did not create it "
+                    f"({what}); kvagent never modifies or deletes a port it did not create",
+                    f"choose another id for port {pc.name} in target.ports, or remove nvmet "
+                    f"port {pc.id} yourself if nothing needs it")
+                continue
+            ports[pc.id] = desired_port(pc, links.get(pc.id, set()))
             accepted.add(pc.id)
         # Links of errored pools on ports no longer configured stay as they are.
         for pid, nqns in links.items():
-            if pid not in ports and pid in live.ports and pid in state.ports:
-                kept = live.ports[pid]
-                ports[pid] = Port(id=pid, addr=kept.addr, params=kept.params,
+            if pid not in ports and pid in live.ports and pid in records.ports:
+                old = live.ports[pid]
+                ports[pid] = Port(id=pid, addr=old.addr, params=old.params,
                                   subsystems=frozenset(nqns))
                 accepted.add(pid)
         hosts = {h for sub in subsystems.values() for h in sub.allowed_hosts}
         tree = Tree(hosts=desired_hosts(hosts), subsystems=list(subsystems.values()),
                     ports=list(ports.values()))
-        return tree, accepted, errors
+        return tree, accepted
 
     def _revalidate(self, plans: dict[str, BackingPlan], failed: set[str],
-                    desired: Tree) -> list[tuple[str, int]]:
+                    skip: set[tuple[str, Key]], desired: Tree) -> list[tuple[str, int]]:
         grown = {s.grown for name, p in plans.items() if name not in failed
-                 for s in p.steps if s.grown}
+                 for s in p.steps if s.grown and (name, s.volume) not in skip}
         return [(sub.nqn, ns.nsid) for sub in desired.subsystems.values()
                 for ns in sub.namespaces.values() if ns.device_path in grown]
 
+    # ------------------------------------------------------------------ apply
     def _apply(self, actions: list[Action], desired: Tree, scope: nvmet.Scope,
                feats: nvmet.Features) -> None:
         wait = self.cfg.target.address_wait if self.cfg.target else 0
@@ -337,29 +425,69 @@ class TargetPass:
         return (f"{where}: the address is not configured on this host; gave up after "
                 f"{waited:.0f}s (target.address_wait: {wait:g}s){what}")
 
-    def _save_state(self, state: TargetState, before: Tree, pools: list[TargetPool],
-                    failed: set[str], port_ids: set[int]) -> None:
+    # ---------------------------------------------------------------- records
+    def _record_intent(self, records: TargetRecords, live: Tree, desired: Tree,
+                       port_ids: set[int], plans: dict[str, BackingPlan], failed: set[str],
+                       skip: set[tuple[str, Key]]) -> None:
+        """Before touching nvmet: the ports and hosts about to be created, the bindings.
+
+        Recorded first, so that a kill between creating an object and recording it
+        never leaves one that kvagent would then refuse as not its own.
+        """
+        snapshot = repr(records.to_json())
+        records.node, records.nqn_prefix = self.cfg.node.name, self.cfg.node.nqn_prefix
+        records.ports |= {pid for pid in port_ids if pid not in live.ports}
+        records.hosts |= {h for h in desired.hosts if h not in live.hosts}
+        for name, plan in plans.items():
+            if name in failed:
+                continue
+            for vol in plan.volumes:
+                if (name, vol.key) in skip:
+                    continue
+                nqn = pool_nqn(self.cfg, name, vol.host)
+                records.bindings[(nqn, vol.nsid)] = Binding(
+                    nqn, vol.nsid, vol.uuid, vol.nguid, name, vol.host, vol.storage)
+        if repr(records.to_json()) != snapshot or records.read_schema != SCHEMA:
+            records.save(self.state_dir)
+
+    def _record_outcome(self, records: TargetRecords, before: Tree, pools: list[TargetPool],
+                        failed: set[str]) -> None:
+        """After apply: forget ports and hosts that are gone, and the bindings of namespaces
+        the config no longer exports (their identity is free again); record the pools."""
         if self.result.configfs_writes == 0:
             after = before  # nothing was written: no need to read the tree again
         else:
             try:
                 after = nvmet.read(self.fs)
             except NvmetError as exc:
-                log.warning("cannot re-read nvmet after apply; state not updated",
+                log.warning("cannot re-read nvmet after apply; records keep the intent",
                             error=str(exc))
                 return
-        created_ports = {pid for pid in after.ports if pid not in before.ports}
-        state.ports = (state.ports | created_ports | (port_ids & set(after.ports))) & set(
-            after.ports)
-        created_hosts = {h for h in after.hosts if h not in before.hosts}
-        state.hosts = (state.hosts | created_hosts) & set(after.hosts)
+        snapshot = repr(records.to_json())
+        records.ports &= set(after.ports)
+        records.hosts &= set(after.hosts)
+        wanted = {(nqn, nsid) for pool in pools
+                  for nqn, nsids in pool_layout(self.cfg, pool, records).items()
+                  for nsid in nsids}
+        live_keys = {(sub.nqn, nsid) for sub in after.subsystems.values()
+                     for nsid in sub.namespaces}
+        for key in [k for k in records.bindings if k not in wanted and k not in live_keys]:
+            del records.bindings[key]
         for pool in pools:
             if pool.name not in failed:
-                state.pools[pool.name] = _backing_record(pool)
-        if state != TargetState.load(self.state_dir):
-            state.save(self.state_dir)
+                records.pools[pool.name] = driver_for(pool).record(pool)
+        if repr(records.to_json()) != snapshot:
+            records.save(self.state_dir)
 
 
-def revalidate(nqn: str, nsid: int) -> Action:
-    """Re-export of :func:`nvmet.planner.revalidate_action` for callers of this module."""
-    return revalidate_action(nqn, nsid)
+def _same_id(a: str, b: str) -> bool:
+    return canonical("device_uuid", a) == canonical("device_uuid", b)
+
+
+def expected_layout(cfg: Config, records: TargetRecords) -> dict[str, dict[str, tuple[int, ...]]]:
+    """``{pool: {subsystem NQN: nsids}}`` for every configured pool (see :mod:`.desired`)."""
+    return {p.name: pool_layout(cfg, p, records)
+            for p in (cfg.target.pools if cfg.target else ())}
+
+
+__all__ = ["DRIVERS", "TargetPass", "expected_layout", "node_identity_problem", "nvmet_fs"]

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..config.model import DeviceBacking, LvmBacking, TargetPool
+from ..records import DeviceClaim
 
 
 @dataclass(frozen=True)
@@ -60,30 +60,22 @@ def _compatible(use: DeviceUse, pool: str, role: str) -> bool:
     return use.role == role
 
 
-def device_usage(pools: Iterable[TargetPool], claims: Mapping[str, Mapping],
+def device_usage(listed: Iterable[tuple[str, DeviceUse]], claims: Mapping[str, DeviceClaim],
                  exported: Mapping[str, str], pool_of: Mapping[str, str | None], *,
                  resolve: Callable[[str], str] = os.path.realpath) -> DeviceUsage:
-    """Collect the uses of devices by the configured pools, claims and live exports.
+    """Collect the uses of devices: config listings, claims and live exports.
 
-    ``exported`` maps device paths to the NQN exporting them; ``pool_of`` maps those
-    NQNs to the kvagent pool they belong to (None for subsystems kvagent does not own);
+    ``listed`` is every ``(device path, use)`` the pools' backing drivers report;
+    ``claims`` maps claimed device paths to claims (with ``pool``); ``exported``
+    maps device paths to the NQN exporting them; ``pool_of`` maps those NQNs to the
+    kvagent pool they belong to (None for subsystems kvagent does not own);
     ``resolve`` turns a path into the real device node (a seam for tests).
     """
     usage = DeviceUsage(resolve=resolve)
-    for pool in pools:
-        b = pool.backing
-        if isinstance(b, DeviceBacking):
-            for d in b.devices:
-                usage.add(d.path, DeviceUse(pool.name, "device",
-                                            f"listed by pool {pool.name} (kind: device) as "
-                                            f"{d.path}"))
-        elif isinstance(b, LvmBacking):
-            for dev in b.devices:
-                usage.add(dev, DeviceUse(pool.name, f"vg:{b.volume_group}",
-                                         f"listed by pool {pool.name} as {dev} for volume "
-                                         f"group {b.volume_group}"))
+    for path, use in listed:
+        usage.add(path, use)
     for path, claim in claims.items():
-        owner = claim.get("pool")
+        owner = claim.pool
         usage.add(path, DeviceUse(owner, "claim",
                                   f"claimed by pool {owner} as {path} (kvagent exports it "
                                   "whole; kvagent pool destroy releases it)"))

@@ -54,6 +54,11 @@ def write(path: Path | str, value: str) -> None:
         f.write(value)
 
 
+def exported_uuid(nqn: str, nsid: int) -> str:
+    """The uuid nvmet gives namespace ``nsid`` of subsystem ``nqn`` (the storage's identity)."""
+    return read(NVMET / "subsystems" / nqn / "namespaces" / str(nsid) / "device_uuid")
+
+
 def block_by_uuid(uuid: str) -> str | None:
     """Visible block device (/dev/nvmeXnY) whose namespace uuid is ``uuid``."""
     for dev in Path("/sys/block").glob("nvme*n*"):

@@ -170,10 +170,9 @@ def nvme_disconnect(*nqns: str) -> None:
 
 
 def namespace_device(nqn: str, nsid: int, timeout: float = 30) -> str:
-    """The host block device of namespace ``nsid`` of ``nqn``, found by its deterministic uuid."""
-    from nvmet.ids import namespace_uuid
-
-    uuid = namespace_uuid(nqn, nsid)
+    """The host block device of namespace ``nsid`` of ``nqn``, found by the uuid the target
+    gave it (read from nvmet: the storage's identity)."""
+    uuid = kit.exported_uuid(nqn, nsid)
     dev = kit.wait_for(lambda: kit.block_by_uuid(uuid), timeout,
                        what=f"namespace {nsid} of {nqn} (uuid {uuid})")
     name = os.path.basename(dev)

@@ -30,7 +30,6 @@ from click.testing import CliRunner
 from agent.cli.main import main
 from agent.engines import KINDS
 from agent.naming import filesystem_uuid, subsystem_nqn
-from nvmet.ids import namespace_uuid
 from tests.unit.engines.helpers import parse_env
 from tests.unit.engines.test_render import (
     DYNAMO_BASE_KEYS,
@@ -225,11 +224,11 @@ def test_tcp_attach_outage_reboot_detach(lab: Lab) -> None:
     assert (kit.read(ctrl / "ctrl_loss_tmo"), kit.read(ctrl / "reconnect_delay")) == ("off", "2")
     devices, fs_uuids = [], []
     for nsid in (1, 2):
-        dev = kit.block_by_uuid(namespace_uuid(nqn, nsid))
+        dev = kit.block_by_uuid(kit.exported_uuid(nqn, nsid))
         assert dev
         fs = blkid(dev)
         assert fs["TYPE"] == "xfs"
-        assert fs["UUID"] == str(filesystem_uuid(lab.hostnqn, namespace_uuid(nqn, nsid)))
+        assert fs["UUID"] == str(filesystem_uuid(lab.hostnqn, kit.exported_uuid(nqn, nsid)))
         devices.append(dev)
         fs_uuids.append(fs["UUID"])
     probes = json.loads((lab.state / "probes/kv.json").read_text())
@@ -301,7 +300,7 @@ def test_tcp_attach_outage_reboot_detach(lab: Lab) -> None:
     done = kinds_done(rebooted)
     assert "nvme.connect" in done and done.count("mount") == 2 and "mkfs.xfs" not in done, done
     for nsid, fs_uuid in zip((1, 2), fs_uuids, strict=True):
-        assert blkid(kit.block_by_uuid(namespace_uuid(nqn, nsid)))["UUID"] == fs_uuid
+        assert blkid(kit.block_by_uuid(kit.exported_uuid(nqn, nsid)))["UUID"] == fs_uuid
     assert kit.sha256_of(str(mounts[1] / "mooncake/keep.bin")) == digest
     assert fio_file.stat().st_size == 48 * MIB
 
@@ -345,7 +344,7 @@ def test_rdma_striped_attach_and_detach(lab: Lab, rxe) -> None:
     assert (lv["lv_name"], lv["segtype"], lv["stripes"]) == ("data", "striped", "2"), lv
     assert {"kvagent", "kvagent_pool=kv", "kvagent_role=initiator"} <= set(
         lv["vg_tags"].split(","))
-    devs = {kit.block_by_uuid(namespace_uuid(nqn, n)) for n in (1, 2)}
+    devs = {kit.block_by_uuid(kit.exported_uuid(nqn, n)) for n in (1, 2)}
     assert {d.split("(")[0] for d in lv["devices"].split(",")} == devs
     assert blkid("/dev/kvs_kv/data")["TYPE"] == "xfs"
     probes = json.loads((lab.state / "probes/kv.json").read_text())
@@ -404,7 +403,7 @@ def test_foreign_filesystem_and_shared_pool_are_never_formatted(lab: Lab) -> Non
     assert not kit.controllers_for(sh_nqn), "a refused shared pool was connected"
     assert not os.path.ismount(lab.root / "mnt/kv/ns1")
     assert "mkfs.xfs" not in kinds_done(refused)
-    dev = kit.block_by_uuid(namespace_uuid(kv_nqn, 1))
+    dev = kit.block_by_uuid(kit.exported_uuid(kv_nqn, 1))
     assert dev and blkid(dev)["TYPE"] == "ext4"
     assert kit.sha256_of(str(backing)) == ext4_sum
 
@@ -415,7 +414,7 @@ def test_foreign_filesystem_and_shared_pool_are_never_formatted(lab: Lab) -> Non
     assert_ok(shared)
     assert not kit.controllers_for(kv_nqn)
     assert len(kit.controllers_for(sh_nqn)) == 1
-    sh_dev = kit.block_by_uuid(namespace_uuid(sh_nqn, 1))
+    sh_dev = kit.block_by_uuid(kit.exported_uuid(sh_nqn, 1))
     assert sh_dev and blkid(sh_dev) == {}
     assert not (lab.root / "mnt/sh").exists()
     assert {a.kind for a in shared.actions if a.pool == "sh"} == {"nvme.connect"}

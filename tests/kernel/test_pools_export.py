@@ -16,8 +16,8 @@ import pytest
 
 from agent.config import load_config
 from agent.naming import subsystem_nqn
+from agent.records import TargetRecords
 from agent.system.run import SubprocessRunner
-from agent.target.backing_device import read_claims
 from agent.target.inventory import destroy_pool
 
 from . import kit
@@ -162,7 +162,7 @@ def test_file_lvm_device_pools_over_tcp_and_rdma(lab: Lab) -> None:
         print(f"KVAGENT-CI-LOG: apply with pools up to {pool!r} (TCG VM): cold {t_cold:.2f}s "
               f"({writes} configfs writes), converged {t_again:.2f}s (0 writes)")
     assert {v.tag_value("kvagent_pool") for v in _owned(runner)} == {"lv"}
-    assert read_claims(lab.state)[DRIVES[1]]["pool"] == "dv"
+    assert TargetRecords.load(lab.state).claims[DRIVES[1]].pool == "dv"
 
     # -- each subsystem allows exactly its host; discovery shows each host only its own
     subs = {p.name for p in (kit.NVMET / "subsystems").iterdir()}
@@ -248,7 +248,7 @@ def test_file_lvm_device_pools_over_tcp_and_rdma(lab: Lab) -> None:
     before = device_digest(DRIVES[1], (0, 4 * MIB))
     released = destroy_pool(cfg, "dv", runner, yes=True)
     assert released["device_claims"] == [DRIVES[1]]
-    assert DRIVES[1] not in read_claims(lab.state)
+    assert DRIVES[1] not in TargetRecords.load(lab.state).claims
     assert device_digest(DRIVES[1], (0, 4 * MIB)) == before, "a released device was changed"
     assert device_digest(real, (0, IO)) == digests["dv/1"]
     files = destroy_pool(cfg, "fl", runner, yes=True)["files"]
@@ -256,6 +256,6 @@ def test_file_lvm_device_pools_over_tcp_and_rdma(lab: Lab) -> None:
 
 
 def _owned(runner: SubprocessRunner) -> list:
-    from agent.target.backing_lvm import list_owned_volumes
+    from agent.target.backings.lvm import list_owned_volumes
 
     return list_owned_volumes(runner)

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from agent.naming import filesystem_uuid, subsystem_nqn
-from nvmet.ids import namespace_uuid
 
 from . import kit
 from .pools import Lab, StateWatcher, assert_ok, mount_tmpfs, umount_all_under, write_file
@@ -70,7 +69,7 @@ def test_file_pool_lifecycle_over_tcp(lab: Lab) -> None:
     assert all(os.path.ismount(m) for m in mounts)
     (ctrl,) = kit.controllers_for(nqn)
     for nsid in (1, 2):
-        uuid = namespace_uuid(nqn, nsid)
+        uuid = kit.exported_uuid(nqn, nsid)
         dev = kit.block_by_uuid(uuid)
         assert dev, f"no block device with the deterministic uuid of nsid {nsid}"
         blkid = kit.sh("blkid", "-p", "-o", "export", dev).stdout

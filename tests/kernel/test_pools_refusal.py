@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.records import TargetRecords
+
 from . import kit
 from .pools import DRIVES, Lab, device_digest, drive_digest
 
@@ -110,7 +112,7 @@ def check_refused(lab: Lab, where: dict[str, tuple[str, tuple[str, ...], str]]) 
     assert not [v for v in vgs if v.startswith("kvref_")], vgs
     assert not list((kit.NVMET / "subsystems").iterdir())
     assert not list((kit.NVMET / "hosts").iterdir())
-    assert not (lab.state / "device-claims.json").exists()
+    assert not TargetRecords.load(lab.state).claims
 
 
 def test_foreign_data_is_refused_and_untouched(lab: Lab, nullb) -> None:

@@ -25,11 +25,13 @@ def test_detach_runs_before_the_target_unexports(tmp_path: Path,
         def __init__(self, *args: object, **kwargs: object) -> None:
             pass
 
-        def detach_removed(self) -> None:
+        def detach_removed(self) -> list[str]:
             calls.append("initiator.detach")
+            return []
 
-        def attach_configured(self) -> None:
+        def attach_configured(self) -> list:
             calls.append("initiator.attach")
+            return []
 
     class Target:
         def __init__(self, *args: object, **kwargs: object) -> None:

@@ -79,3 +79,18 @@ def test_initiator_pool_never_attached_is_failed(tmp_path: Path) -> None:
     (pool,) = collect(cfg, FakeRunner(), drives=False).pools
     assert (pool.role, pool.state, pool.ready) == ("initiator", "failed", False)
     assert "not attached" in pool.problems[0]
+
+
+def test_a_pools_errors_in_the_last_apply_degrade_it(tmp_path: Path) -> None:
+    """A namespace withheld or refused by the last apply shows in the pool's health."""
+    from agent.records import write_last_apply
+
+    cfg, fs = applied(tmp_path)
+    result = RunResult(dry_run=False)
+    result.error("target", "kv", "pool kv: /dev/disk/by-id/x now leads to another device")
+    result.error("target", "other", "not this pool")
+    write_last_apply(cfg.node.state_dir, result.to_json())
+    (pool,) = collect(cfg, FakeRunner(), fs=fs, drives=False).pools
+    assert (pool.state, pool.ready) == ("degraded", False)
+    assert pool.problems == ("last apply: pool kv: /dev/disk/by-id/x now leads to another "
+                             "device",)

@@ -93,8 +93,8 @@ class FakeHost:
         return Sysfs(self.root / "sys")
 
     def seams(self) -> HostSeams:
-        return HostSeams(mountinfo=self.mountinfo, devnum=self.devnum, probe=self._probe,
-                         sleep=self._sleep, clock=lambda: self.now)
+        return HostSeams(mountinfo=self.mountinfo, devnum=self.devnum, sleep=self._sleep,
+                         clock=lambda: self.now)
 
     def config(self, body: str) -> Config:
         text = f"""
@@ -115,7 +115,7 @@ node:
         if self.on_sleep:
             self.on_sleep()
 
-    def _probe(self, path: str, transport: str | None = None, **_: object) -> ProbeResult:
+    def probe(self, path: str, transport: str | None = None, **_: object) -> ProbeResult:
         self.probed.append(path)
         return fake_probe_result(path)
 

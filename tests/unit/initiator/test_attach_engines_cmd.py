@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from agent.cli.main import main
 from agent.config import load_config
-from agent.initiator import reconcile
+from agent.engines import handoff
 from agent.state import write_json
 from tests.unit.engines.helpers import parse_env, probe
 
@@ -30,7 +30,7 @@ class Lab:
         self.state = root / "state"
         self.mounts = [str(root / "mnt/kv/ns1"), str(root / "mnt/kv/ns2")]
         self.mounted: set[str] = set(self.mounts)
-        monkeypatch.setattr(reconcile, "mounted_at",
+        monkeypatch.setattr(handoff, "mounted_at",
                             lambda path, mountinfo=None: object() if path in self.mounted
                             else None)
         self.config = root / "kvagent.yaml"
@@ -108,9 +108,9 @@ def test_the_same_text_as_apply_would_write(lab: Lab) -> None:
     lab.attach()
     cfg = load_config(lab.config)
     pool = cfg.initiator.pools[0]
-    probes = [reconcile.probe_from_json(p) for p in
+    probes = [handoff.probe_from_json(p) for p in
               json.loads((lab.state / "probes/kv.json").read_text())]
-    want = reconcile.render_engine(pool, "lmcache", lab.mounts, int(0.3 * 2 * 10**12), probes)
+    want = handoff.render_engine(pool, "lmcache", lab.mounts, int(0.3 * 2 * 10**12), probes)
     res = lab.run("engines", "render", "kv", "--engine", "lmcache")
     assert res.stdout == want.files["lmcache.yaml"]
 

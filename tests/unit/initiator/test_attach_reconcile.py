@@ -4,14 +4,17 @@ on a real 6.1 kernel (tests/kernel/test_attach_pools.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
 
 import pytest
 
+from agent.engines.handoff import forget, hand_off
 from agent.initiator.reconcile import InitiatorPass, load_state, merge_record
 from agent.naming import filesystem_uuid
+from agent.records import PoolAttachment, SubsystemPath
 from agent.result import RunResult
 from nvmet.ids import namespace_uuid
 
@@ -50,8 +53,13 @@ def run(host: FakeHost, pools: str = "", *, dry_run: bool = False) -> RunResult:
     body = f"initiator:\n  device_wait: 5s\n  pools:\n{pools}" if pools else ""
     cfg = host.config(body)
     result = RunResult(dry_run=dry_run)
-    InitiatorPass(cfg, host.runner, result, dry_run=dry_run, sysfs=host.sysfs, cli=host.cli,
-                  seams=host.seams()).run()
+    # What agent.reconcile.run_pass does around the initiator: the engines' hand-off.
+    initiator = InitiatorPass(cfg, host.runner, result, dry_run=dry_run, sysfs=host.sysfs,
+                              cli=host.cli, seams=host.seams())
+    for name in initiator.detach_removed():
+        forget(cfg, name, result, dry_run=dry_run)
+    for m in initiator.attach_configured():
+        hand_off(cfg, m.pool, m.mounts, m.transport, m.remounted, result, probe=host.probe)
     return result
 
 
@@ -87,9 +95,9 @@ def test_one_apply_connects_formats_mounts_probes_and_renders(host: FakeHost) ->
     assert sorted(p.name for p in renders.iterdir()) == ["lmcache", "vllm"]
     assert "file://" + mounts[0] + "/lmcache/" in (renders / "lmcache/lmcache.yaml").read_text()
     rec = state(host)["kv"]
-    assert rec["complete"] and rec["mounts"] == mounts and rec["hostnqn"] == HOST
-    assert [s["subsysnqn"] for s in rec["subsystems"]] == [NQN]
-    assert str(host.root / "mnt") in rec["created_dirs"]
+    assert rec.complete and rec.mounts == mounts and rec.hostnqn == HOST
+    assert [s.subsysnqn for s in rec.subsystems] == [NQN]
+    assert str(host.root / "mnt") in rec.created_dirs
 
 
 def test_second_apply_changes_nothing_and_runs_no_mutating_command(host: FakeHost) -> None:
@@ -150,7 +158,7 @@ def test_foreign_content_is_refused_and_the_connection_is_recorded(host: FakeHos
     assert host.content["/dev/nvme2n2"] == props
     assert [c[-1] for c in host.runner.ran("mkfs.xfs")] == ["/dev/nvme2n1"]
     rec = state(host)["kv"]
-    assert not rec["complete"] and [s["subsysnqn"] for s in rec["subsystems"]] == [NQN]
+    assert not rec.complete and [s.subsysnqn for s in rec.subsystems] == [NQN]
 
     # The pool leaves the config: what the failed attach did is undone.
     detached = run(host)
@@ -176,7 +184,7 @@ def test_shared_pool_connects_only(host: FakeHost) -> None:
     assert kinds(result) == ["nvme.connect"]
     assert host.runner.ran("blkid") == [] and host.runner.ran("mkfs.xfs") == []
     assert host.mounts() == {} and not (host.root / "mnt").exists()
-    assert state(host)["kv"]["mounts"] == []
+    assert state(host)["kv"].mounts == []
     gone = run(host)
     assert kinds(gone) == ["nvme.disconnect"] and host.sysfs.controllers() == []
 
@@ -216,7 +224,7 @@ def test_controller_that_stays_down_is_reported_without_touching_mounts(host: Fa
     [error] = result.errors
     assert "no live controller" in error.message and "nvme2 connecting" in error.message
     assert len(host.runner.ran("nvme", "list-ns")) == listed
-    assert len(host.mounts()) == 2 and state(host)["kv"]["mounts"] == ns_mounts(host)
+    assert len(host.mounts()) == 2 and state(host)["kv"].mounts == ns_mounts(host)
 
 
 # ------------------------------------------------------------------ detach
@@ -270,7 +278,7 @@ def test_changed_mount_path_moves_the_pool(host: FakeHost) -> None:
     result = run(host, pool_yaml(host, mount=new))
     assert result.ok, result.errors
     assert sorted(host.mounts()) == [f"{new}/ns1", f"{new}/ns2"]
-    assert state(host)["kv"]["mounts"] == [f"{new}/ns1", f"{new}/ns2"]
+    assert state(host)["kv"].mounts == [f"{new}/ns1", f"{new}/ns2"]
 
 
 def test_engine_removed_from_config_loses_its_renders(host: FakeHost) -> None:
@@ -316,15 +324,15 @@ def test_striped_detach_stops_when_the_volume_stays_active(host: FakeHost) -> No
 # ------------------------------------------------------------------ records
 
 def test_merge_keeps_what_a_failed_attach_did() -> None:
-    old = {"subsystems": [{"subsysnqn": "a"}], "mounts": ["/m/ns1"], "devices": [],
-           "created_dirs": ["/m"], "complete": True}
-    failed = {"subsystems": [{"subsysnqn": "b"}], "mounts": ["/n/ns1"], "devices": [],
-              "created_dirs": ["/n"], "complete": False}
+    a, b = (SubsystemPath(n, "tcp", "10.0.0.1", "4420") for n in ("a", "b"))
+    old = PoolAttachment(HOST, subsystems=[a], mounts=["/m/ns1"], created_dirs=["/m"],
+                         complete=True)
+    failed = PoolAttachment(HOST, subsystems=[b], mounts=["/n/ns1"], created_dirs=["/n"])
     merged = merge_record(old, failed)
-    assert merged["subsystems"] == [{"subsysnqn": "a"}, {"subsysnqn": "b"}]
-    assert merged["mounts"] == ["/m/ns1", "/n/ns1"] and merged["created_dirs"] == ["/m", "/n"]
-    done = merge_record(old, {**failed, "complete": True})
-    assert done["subsystems"] == [{"subsysnqn": "b"}] and done["created_dirs"] == ["/m", "/n"]
+    assert merged.subsystems == [a, b]
+    assert merged.mounts == ["/m/ns1", "/n/ns1"] and merged.created_dirs == ["/m", "/n"]
+    done = merge_record(old, dataclasses.replace(failed, complete=True))
+    assert done.subsystems == [b] and done.created_dirs == ["/m", "/n"]
 
 
 # ------------------------------------------------------- several subsystems
@@ -366,7 +374,7 @@ def test_one_path_down_of_two_is_reported_but_the_pool_is_attached(host: FakeHos
     [error] = result.errors
     assert "Connection refused" in error.message
     assert sorted(host.mounts()) == ns_mounts(host)
-    assert [s["traddr"] for s in state(host)["kv"]["subsystems"]] == ["10.0.0.2"]
+    assert [s.traddr for s in state(host)["kv"].subsystems] == ["10.0.0.2"]
     assert len(host.runner.ran("nvme", "connect", "--transport", "tcp", "--traddr",
                                "10.0.0.1")) == 5  # transient: retried, then given up
 

@@ -1,4 +1,4 @@
-"""Waiting for a pool's namespaces by their deterministic uuid (fake sysfs, fake waiter)."""
+"""Waiting for a pool's namespaces by subsystem and nsid (fake sysfs, fake waiter)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import pytest
 from agent.initiator.devices import (
     DeviceNotFound,
     UdevWaiter,
-    expected_uuids,
     find_namespace,
     wait_for_namespaces,
 )
 from agent.initiator.sysfs import Sysfs
-from nvmet.ids import namespace_uuid
 
 from .fakesysfs import FakeSysfs
 
 NQN = "nqn.2026-11.io.kvagent:store1:pool0:gpu0"
+#: Namespace uuids are whatever the storage host bound to the storage (random here).
+U1, U2 = "0b8a5e7c-3f1d-4c2a-9e6b-1d2c3b4a5f60", "7e6d5c4b-3a29-4817-a6f5-e4d3c2b1a098"
 
 
 class StepWaiter:
@@ -55,13 +55,13 @@ def setup(tmp_path: Path) -> FakeSysfs:
 
 def test_found_at_once_with_paths_and_ana(tmp_path: Path) -> None:
     fake = setup(tmp_path)
-    fake.add_namespace(3, 1, namespace_uuid(NQN, 1), paths=((3, "optimized"),
+    fake.add_namespace(3, 1, U1, paths=((3, "optimized"),
                                                              (4, "non-optimized")))
     clock = [0.0]
     waiter = StepWaiter(clock)
     [dev] = wait_for_namespaces(Sysfs(tmp_path), NQN, [1], timeout=5, waiter=waiter,
                                 clock=lambda: clock[0])
-    assert (dev.device, dev.nsid, dev.uuid) == ("/dev/nvme3n1", 1, namespace_uuid(NQN, 1))
+    assert (dev.device, dev.nsid, dev.uuid) == ("/dev/nvme3n1", 1, U1)
     assert [(p.controller, p.ana_state) for p in dev.paths] == [
         ("nvme3", "optimized"), ("nvme4", "non-optimized")]
     assert len(dev.live_paths) == 2
@@ -73,8 +73,8 @@ def test_waits_until_the_kernel_adds_them(tmp_path: Path) -> None:
     clock = [0.0]
     actions = [
         lambda: None,
-        lambda: fake.add_namespace(3, 2, namespace_uuid(NQN, 2), paths=((3, "optimized"),)),
-        lambda: fake.add_namespace(3, 1, namespace_uuid(NQN, 1), paths=((3, "optimized"),)),
+        lambda: fake.add_namespace(3, 2, U2, paths=((3, "optimized"),)),
+        lambda: fake.add_namespace(3, 1, U1, paths=((3, "optimized"),)),
     ]
     waiter = StepWaiter(clock, actions)
     devs = wait_for_namespaces(Sysfs(tmp_path), NQN, [1, 2], timeout=30, waiter=waiter,
@@ -83,43 +83,41 @@ def test_waits_until_the_kernel_adds_them(tmp_path: Path) -> None:
     assert len(waiter.waits) == 3
 
 
-def test_timeout_names_the_missing_uuid_and_subsystem(tmp_path: Path) -> None:
+def test_timeout_names_the_missing_nsid_and_subsystem(tmp_path: Path) -> None:
     fake = setup(tmp_path)
-    fake.add_namespace(3, 1, namespace_uuid(NQN, 1), paths=((3, "optimized"),))
+    fake.add_namespace(3, 1, U1, paths=((3, "optimized"),))
     clock = [0.0]
     waiter = StepWaiter(clock)
     with pytest.raises(DeviceNotFound) as info:
         wait_for_namespaces(Sysfs(tmp_path), NQN, [1, 2], timeout=3, waiter=waiter,
                             clock=lambda: clock[0])
     err = info.value
-    assert namespace_uuid(NQN, 2) in err.message and NQN in err.message
-    assert namespace_uuid(NQN, 1) not in err.message
-    assert err.missing == ((2, namespace_uuid(NQN, 2)),)
+    assert "nsid 2 of" in err.message and NQN in err.message
+    assert "nsid 1" not in err.message
+    assert err.missing == (2,)
     assert clock[0] == pytest.approx(3.0)  # bounded: gave up when the time was up
 
 
-def test_uuid_under_another_subsystem_is_not_taken(tmp_path: Path) -> None:
+def test_same_nsid_under_another_subsystem_is_not_taken(tmp_path: Path) -> None:
     fake = setup(tmp_path)
     other = NQN + "-impostor"
     fake.add_controller(6, subsysnqn=other, hostnqn="h", address="traddr=10.0.2.1,trsvcid=4420")
     fake.add_subsystem(6, other, (6,))
-    fake.add_namespace(6, 1, namespace_uuid(NQN, 1), paths=((6, "optimized"),))
+    fake.add_namespace(6, 1, U1, paths=((6, "optimized"),))
     assert find_namespace(Sysfs(tmp_path), NQN, 1) is None
+    fake.add_namespace(3, 1, U2, paths=((3, "optimized"),))
+    found = find_namespace(Sysfs(tmp_path), NQN, 1)
+    assert found is not None and (found.device, found.uuid) == ("/dev/nvme3n1", U2)
 
 
 def test_head_without_live_path_is_still_returned(tmp_path: Path) -> None:
     """During an outage (ctrl_loss_tmo forever) the head stays; callers see the path state."""
     fake = setup(tmp_path)
-    fake.add_namespace(3, 1, namespace_uuid(NQN, 1), paths=((3, "optimized"),))
+    fake.add_namespace(3, 1, U1, paths=((3, "optimized"),))
     fake.set("class/nvme/nvme3/state", "connecting")
     dev = find_namespace(Sysfs(tmp_path), NQN, 1)
     assert dev is not None and dev.live_paths == ()
     assert dev.paths[0].controller_state == "connecting"
-
-
-def test_expected_uuids_are_the_storage_hosts() -> None:
-    assert expected_uuids(NQN, [1, 3]) == {1: namespace_uuid(NQN, 1),
-                                           3: namespace_uuid(NQN, 3)}
 
 
 def test_udev_waiter_falls_back_to_sleeping(monkeypatch: pytest.MonkeyPatch) -> None:

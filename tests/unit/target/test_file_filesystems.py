@@ -9,8 +9,10 @@ import yaml
 
 from agent.config import parse_config
 from agent.config.model import TargetPool
-from agent.target import backing_file
-from agent.target.backing_file import filesystem_type, plan_file
+from agent.system.mounts import filesystem_type
+from agent.target.backings import file as backing_file
+
+from .helpers import context
 
 HOST = "nqn.2014-08.org.nvmexpress:uuid:2b7e1a3c-0d4f-4b6a-9c1e-5f2a7d9e0b11"
 
@@ -37,6 +39,11 @@ def test_longest_containing_mount_point_wins(tmp_path: Path) -> None:
 def test_a_later_mount_on_the_same_point_hides_the_earlier(tmp_path: Path) -> None:
     info = mountinfo(tmp_path, ("/", "ext4"), ("/tmp", "overlay"), ("/tmp", "tmpfs"))
     assert filesystem_type(Path("/tmp/files"), info) == "tmpfs"
+
+
+def plan_file(p: TargetPool, _hosts: list[str]):
+    cfg = parse_config(yaml.safe_dump({"version": 1, "node": {"name": "stor"}}))
+    return backing_file.FileDriver().plan(context(cfg), p)
 
 
 def pool(directory: Path, buffered: bool) -> TargetPool:

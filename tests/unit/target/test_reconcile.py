@@ -5,85 +5,15 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-from agent.config import parse_config
-from agent.config.model import Config
-from agent.result import RunResult
-from agent.target import backing_device, backing_lvm, reconcile
-from agent.target.reconcile import TargetPass, TargetState
-from nvmet.fake import FakeConfigFS
-from nvmet.ids import namespace_uuid
-from tests.unit.fakerunner import FakeRunner
+from agent.records import FileManifest, TargetRecords
+from agent.target import reconcile
+from agent.target.backings import device as backing_device
+from agent.target.backings import lvm as backing_lvm
 
-H1 = "nqn.2014-08.org.nvmexpress:uuid:2b7e1a3c-0d4f-4b6a-9c1e-5f2a7d9e0b11"
-H2 = "nqn.2014-08.org.nvmexpress:uuid:6c3f2b4d-1e5a-4c7b-8d2f-6a3b8e0f1c22"
-PREFIX = "nqn.2026-11.io.kvagent:stor"
-MIB = 1 << 20
-
-
-def file_pool(root: Path, name: str = "kv", count: int = 2, size: str = "4MiB",
-              ports: tuple[str, ...] = ("lo",), hosts: tuple[tuple[str, str], ...] = (
-                  ("gpu-1", H1), ("gpu-2", H2))) -> dict[str, Any]:
-    return {"name": name, "ports": list(ports),
-            "backing": {"kind": "file", "directory": str(root / "files")},
-            "namespaces": {"count": count, "size": size},
-            "hosts": [{"name": n, "nqn": q} for n, q in hosts]}
-
-
-def config(root: Path, pools: list[dict[str, Any]], *, wait: str = "0s",
-           extra_ports: tuple[dict[str, Any], ...] = ()) -> Config:
-    data = {"version": 1, "node": {"name": "stor", "state_dir": str(root / "state"),
-                                   "run_dir": str(root / "run")},
-            "target": {"address_wait": wait, "pools": pools, "ports": [
-                {"name": "lo", "id": 1, "transport": "tcp", "address": "127.0.0.1"},
-                *extra_ports]}}
-    return parse_config(yaml.safe_dump(data))
-
-
-class Target:
-    """A fake kernel that knows every file a pass creates (as nvmet would open them)."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.fs = FakeConfigFS(check_order=True)
-        self.runner = FakeRunner().on(["modprobe"])
-
-    def run(self, cfg: Config, dry_run: bool = False) -> RunResult:
-        for path in (self.root / "files").rglob("*.img"):
-            self.fs.add_device(str(path), "file")
-        # Files created during this pass: register them as the applier would meet them.
-        original = reconcile.TargetPass._run_steps
-
-        def run_steps(pass_: TargetPass, plans, failed):  # type: ignore[no-untyped-def]
-            out = original(pass_, plans, failed)
-            for path in (self.root / "files").rglob("*.img"):
-                self.fs.add_device(str(path), "file")
-            return out
-
-        result = RunResult(dry_run=dry_run)
-        self.fs.start_session()
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(reconcile.TargetPass, "_run_steps", run_steps)
-            TargetPass(cfg, self.runner, result, fs=self.fs, dry_run=dry_run).run()
-        result.finished_at = 0.0
-        return result
-
-    def ops(self, op: str | None = None, contains: str = "") -> list[tuple[str, str]]:
-        return [(o.op, o.path) for o in self.fs.ops
-                if (op is None or o.op == op) and contains in o.path]
-
-
-@pytest.fixture
-def target(tmp_path: Path) -> Target:
-    return Target(tmp_path)
-
-
-def nqn(host: str | None, pool: str = "kv") -> str:
-    return f"{PREFIX}:{pool}" + (f":{host}" if host else "")
+from .helpers import H1, H2, MIB, PREFIX, Target, config, file_pool, nqn
 
 
 def test_plan_changes_nothing_and_apply_converges(target: Target, tmp_path: Path) -> None:
@@ -100,17 +30,23 @@ def test_plan_changes_nothing_and_apply_converges(target: Target, tmp_path: Path
         sub = f"subsystems/{nqn(host)}"
         assert target.fs.read(f"{sub}/attr_allow_any_host") == "0"
         assert [e.name for e in target.fs.list(f"{sub}/allowed_hosts")] == [hnqn]
+        manifest = FileManifest.load(tmp_path / "files/kv").files
         for nsid in (1, 2):
             ns = f"{sub}/namespaces/{nsid}"
-            assert target.fs.read(f"{ns}/device_uuid") == namespace_uuid(nqn(host), nsid)
+            # The identity recorded with the file when it was made.
+            assert target.fs.read(f"{ns}/device_uuid") == manifest[f"{host}/ns{nsid}.img"].uuid
             assert target.fs.read(f"{ns}/device_path") == str(
                 tmp_path / f"files/kv/{host}/ns{nsid}.img")
             assert target.fs.read(f"{ns}/enable") == "1"
     assert sorted(e.name for e in target.fs.list("ports/1/subsystems")) == [
         nqn("gpu-1"), nqn("gpu-2")]
-    state = TargetState.load(tmp_path / "state")
-    assert state.ports == {1} and state.hosts == {H1, H2}
-    assert state.pools == {"kv": {"kind": "file", "directory": str(tmp_path / "files")}}
+    records = TargetRecords.load(tmp_path / "state")
+    assert records.ports == {1} and records.hosts == {H1, H2}
+    assert {n: p.to_json() for n, p in records.pools.items()} == {
+        "kv": {"kind": "file", "directory": str(tmp_path / "files")}}
+    assert (records.node, records.nqn_prefix) == ("stor", "nqn.2026-11.io.kvagent")
+    assert {(b.nqn, b.nsid) for b in records.bindings.values()} == {
+        (nqn(h), n) for h in ("gpu-1", "gpu-2") for n in (1, 2)}
 
     again = target.run(cfg)
     assert again.ok and not again.changed and again.configfs_writes == 0
@@ -153,7 +89,9 @@ def test_removed_pool_is_unexported_and_its_files_kept(target: Target, tmp_path:
     assert target.fs.list("subsystems") and all(
         e.name.startswith(f"{PREFIX}:other:") for e in target.fs.list("subsystems"))
     assert len(list((tmp_path / "files/kv").rglob("*.img"))) == 4
-    assert "kv" in TargetState.load(tmp_path / "state").pools, "kept for pool destroy"
+    records = TargetRecords.load(tmp_path / "state")
+    assert "kv" in records.pools, "kept for pool destroy"
+    assert not records.pool_bindings("kv"), "unexported: the identities are free again"
 
 
 def test_missing_address_fails_that_port_alone(target: Target, tmp_path: Path) -> None:
@@ -232,7 +170,7 @@ def test_a_device_serves_one_pool_only(target: Target, tmp_path: Path,
         assert f"listed by pool whole (kind: device) as {dev}" in messages["carved"]
         assert "A device serves one pool only" in messages["carved"]
         assert target.runner.ran("vgcreate") == []
-        assert not (tmp_path / "state" / backing_device.CLAIMS).exists()
+        assert not TargetRecords.load(tmp_path / "state").claims
     # The other pool applied.
     assert target.fs.exists(f"subsystems/{nqn('gpu-1', 'fine')}/namespaces/2")
     assert not [e for e in target.fs.list("subsystems") if ":whole" in e.name or

@@ -3,29 +3,38 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 
 from agent.config import parse_config
-from agent.target import backing_device, backing_lvm
-from agent.target.backing_lvm import list_owned_volumes, list_volume_groups, plan_lvm
+from agent.records import DeviceClaim
+from agent.target.backings import driver_for, lvm
 from agent.target.usage import device_usage
 from tests.unit.fakerunner import FakeRunner
+
+from .helpers import context
 
 H1 = "nqn.2014-08.org.nvmexpress:uuid:2b7e1a3c-0d4f-4b6a-9c1e-5f2a7d9e0b11"
 
 
-def pools(*specs: dict) -> list:
+def config(*specs: dict):
     data = {"version": 1, "node": {"name": "stor"}, "target": {
         "ports": [{"name": "p", "id": 1, "transport": "tcp", "address": "127.0.0.1"}],
         "pools": [{"ports": ["p"], "hosts": [{"name": "gpu-1", "nqn": H1}], **s}
                   for s in specs]}}
-    return list(parse_config(yaml.safe_dump(data)).target.pools)
+    return parse_config(yaml.safe_dump(data))
 
 
-def lvm(name: str, vg: str, *devices: str) -> dict:
+def pools(*specs: dict) -> list:
+    return list(config(*specs).target.pools)
+
+
+def listed(*specs: dict) -> list:
+    return [use for p in pools(*specs) for use in driver_for(p).devices(p)]
+
+
+def lvm_spec(name: str, vg: str, *devices: str) -> dict:
     return {"name": name, "backing": {"kind": "lvm", "volume_group": vg, "devices": list(devices)},
             "namespaces": {"count": 1, "size": "4MiB"}}
 
@@ -67,8 +76,8 @@ def usage_of(pool: str, role: str):  # type: ignore[no-untyped-def]
 def test_roles_that_may_share_and_those_that_may_not(nodes: dict[str, str]) -> None:
     a, c = nodes["id-a"], nodes["id-c"]
     # The config refuses one path in two pools; two names of one node get past it.
-    configured = pools(lvm("l1", "vgk", a), lvm("l3", "other", nodes["nvme2n1"]),
-                       device("d1", c))
+    configured = listed(lvm_spec("l1", "vgk", a), lvm_spec("l3", "other", nodes["nvme2n1"]),
+                        device("d1", c))
     usage = device_usage(configured, {}, {}, {}, resolve=resolve)
     assert usage.conflicts(a, "l1", "vg:vgk") == []
     # Another pool carving the same volume group from the same device: fine.
@@ -86,7 +95,7 @@ def test_roles_that_may_share_and_those_that_may_not(nodes: dict[str, str]) -> N
 
 def test_claims_and_exports(nodes: dict[str, str]) -> None:
     a, b, c = nodes["id-a"], nodes["id-b"], nodes["id-c"]
-    usage = device_usage(pools(device("d1", a)), {b: {"pool": "d1", "host": "gpu-1"}},
+    usage = device_usage(listed(device("d1", a)), {b: DeviceClaim(b, "d1", "gpu-1", "/dev/x")},
                          {nodes["nvme1n1"]: "nqn.x:stor:d1:gpu-1", c: "nqn.foreign:thing"},
                          {"nqn.x:stor:d1:gpu-1": "d1", "nqn.foreign:thing": None},
                          resolve=resolve)
@@ -114,31 +123,15 @@ def lvm_runner() -> FakeRunner:
 def test_a_volume_group_two_pools_share_is_created_once(nodes: dict[str, str],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     a, c = nodes["id-a"], nodes["id-c"]
-    monkeypatch.setattr(backing_lvm, "ensure_blank", lambda dev, purpose, runner: dev + "!")
-    runner = lvm_runner()
-    vgs, owned = list_volume_groups(runner), list_owned_volumes(runner)
+    monkeypatch.setattr(lvm, "ensure_blank", lambda dev, purpose, runner: dev + "!")
     # One at a time: the config refuses these together; the plan must be safe anyway.
-    (p1,), (p2,), (p3,) = (pools(lvm("l1", "vgk", a)), pools(lvm("l2", "vgk")),
-                           pools(lvm("l3", "vgk", c)))
-    creating: dict = {}
-    one = plan_lvm(p1, ["gpu-1"], runner, vgs, owned, creating=creating)
-    two = plan_lvm(p2, ["gpu-1"], runner, vgs, owned, creating=creating)
-    three = plan_lvm(p3, ["gpu-1"], runner, vgs, owned, creating=creating)
+    cfg = config(lvm_spec("l1", "vgk", a))
+    ctx = context(cfg, lvm_runner())
+    (p1,), (p2,), (p3,) = (pools(lvm_spec("l1", "vgk", a)), pools(lvm_spec("l2", "vgk")),
+                           pools(lvm_spec("l3", "vgk", c)))
+    one, two, three = (driver_for(p).plan(ctx, p) for p in (p1, p2, p3))
     assert [s.kind for s in one.steps] == ["lvm.vgcreate", "lvm.lvcreate"]
     assert [s.kind for s in two.steps] == ["lvm.lvcreate"] and not two.errors
     assert three.steps == []
     assert three.errors == [f"pool l3: volume group vgk is created by pool l1 on {a}; list "
                             "the same devices (or none) here"]
-
-
-def test_one_device_twice_in_a_device_pool_is_refused(nodes: dict[str, str], tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    # The config refuses the same path twice; two links to one node need the real node.
-    (pool,) = pools(device("d1", "/dev/disk/by-id/a", "/dev/disk/by-id/b"))
-    monkeypatch.setattr(backing_device.os.path, "realpath", resolve)
-    monkeypatch.setattr(backing_device, "resolve_block_device", lambda p: (resolve(p), 1))
-    monkeypatch.setattr(backing_device, "ensure_blank", lambda p, purpose, runner: resolve(p))
-    plan = backing_device.plan_device(pool, FakeRunner(), tmp_path / "state", {})
-    assert [s.subject for s in plan.steps] == ["/dev/disk/by-id/a"]
-    assert plan.errors == [f"pool d1: /dev/disk/by-id/b is the same device as /dev/disk/by-id/a "
-                           f"({nodes['nvme1n1']}); list each device once"]

@@ -1,0 +1,207 @@
+"""Handing an attached pool to its inference engines: probe, prepare, render.
+
+The initiator pass attaches a pool (connect, find, filesystem, mount); this step
+then probes the mounts (or reuses the recorded probes while nothing was remounted),
+prepares each engine's directories and renders its config into
+``<state_dir>/engines/<pool>/<kind>/``. It is its own step, above the initiator: the
+initiator knows nothing of engines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config.model import Config, InitiatorPool
+from ..errors import KvagentError, UsageError
+from ..initiator.probes import (
+    DioAlign,
+    FallocateResult,
+    ODirectResult,
+    ProbeResult,
+    StepFailure,
+    probe_mount,
+)
+from ..records import InitiatorRecords, engine_renders_dir, probes_path
+from ..result import ActionRecord, RunResult
+from ..state import read_json, write_json
+from ..system.mounts import MOUNTINFO, mounted_at
+from . import EngineContext, Rendered, render
+from .dirs import engine_capacities, engine_dir, prepare
+
+Prober = Callable[..., ProbeResult]
+
+
+def hand_off(cfg: Config, pool: InitiatorPool, mounts: tuple[str, ...] | list[str],
+             transport: str | None, remounted: bool, result: RunResult, *,
+             probe: Prober = probe_mount) -> None:
+    """Probe (when needed), prepare engine directories and render engine configs.
+
+    ``remounted``: something was made or (re)mounted in this pass, so the recorded
+    probes no longer describe the mounts.
+    """
+    mounts = list(mounts)
+    state_dir = Path(cfg.node.state_dir)
+
+    def act(kind: str, subject: str, detail: str = "") -> None:
+        result.actions.append(ActionRecord("initiator", pool.name, kind, subject, detail,
+                                           "done"))
+
+    probes = _probes(cfg, pool.name, mounts, transport, remounted, probe)
+    out_root = engine_renders_dir(state_dir, pool.name)
+    kinds = {e.kind for e in pool.engines}
+    if out_root.is_dir():
+        for stale in sorted(p for p in out_root.iterdir() if p.name not in kinds):
+            shutil.rmtree(stale)
+            act("engine.unrender", str(stale))
+    if not pool.engines:
+        return
+    total = sum(p.total_bytes or 0 for p in probes)
+    caps = engine_capacities(total, pool.engines)
+    for engine in pool.engines:
+        for prepared in prepare(mounts, engine):
+            if prepared.changes:
+                act("engine.dir", prepared.path, ", ".join(prepared.changes))
+        rendered = render_engine(pool, engine.kind, mounts, caps[engine.kind], probes)
+        out_dir = out_root / engine.kind
+        for name, text in rendered.files.items():
+            path = out_dir / name
+            if not path.exists() or path.read_text() != text:
+                out_dir.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+                act("engine.render", str(path), engine.kind)
+        if out_dir.is_dir():
+            for stale in sorted(p for p in out_dir.iterdir() if p.name not in rendered.files):
+                stale.unlink()
+                act("engine.unrender", str(stale), engine.kind)
+
+
+def forget(cfg: Config, pool: str, result: RunResult, *, dry_run: bool = False) -> None:
+    """After a pool is detached: drop its recorded probes and rendered engine configs."""
+    state_dir = Path(cfg.node.state_dir)
+    renders = engine_renders_dir(state_dir, pool)
+    if dry_run:
+        return
+    probes_path(state_dir, pool).unlink(missing_ok=True)
+    if renders.is_dir():
+        shutil.rmtree(renders)
+        result.actions.append(ActionRecord("initiator", pool, "engine.unrender", str(renders),
+                                           "", "done"))
+
+
+def _probes(cfg: Config, pool: str, mounts: list[str], transport: str | None,
+            remounted: bool, probe: Prober) -> list[ProbeResult]:
+    """The mounts' probe results: recorded ones while nothing was (re)mounted.
+
+    Probing writes and preallocates real data: a converged pass (every ``kvagent run``
+    interval) reuses the record instead of probing again.
+    """
+    record = probes_path(cfg.node.state_dir, pool)
+    if not remounted:
+        try:
+            recorded = [probe_from_json(p) for p in read_json(record, [])]
+        except (KvagentError, KeyError, TypeError, ValueError):
+            recorded = []
+        if [p.path for p in recorded] == list(mounts) and all(p.transport == transport
+                                                              for p in recorded):
+            return recorded
+    probes = [probe(m, transport, sysfs=cfg.node.sysfs) for m in mounts]
+    write_json(record, [dataclasses.asdict(p) for p in probes])
+    return probes
+
+
+def render_engine(pool: InitiatorPool, kind: str, mounts: list[str], capacity: int,
+                  probes: list[ProbeResult]) -> Rendered:
+    """Render one engine's config for a mounted pool."""
+    ctx = EngineContext(pool=pool.name, kind=kind,  # type: ignore[arg-type]
+                        directories=tuple(engine_dir(m, kind) for m in mounts),
+                        capacity_bytes=capacity, probes=tuple(probes))
+    return render(kind, ctx)
+
+
+def probe_from_json(data: dict[str, Any]) -> ProbeResult:
+    """A :class:`ProbeResult` back from its recorded JSON (``dataclasses.asdict``)."""
+    def failure(d: dict[str, Any] | None) -> StepFailure | None:
+        return None if d is None else StepFailure(d["step"], d.get("errno"), d["error"])
+
+    od, fa, dio = data["odirect"], data["fallocate"], data["dio_align"]
+    return ProbeResult(
+        path=data["path"], transport=data.get("transport"), started_at=data["started_at"],
+        finished_at=data["finished_at"], odirect_ok=data["odirect_ok"],
+        fallocate_ok=data["fallocate_ok"],
+        odirect=ODirectResult(od["ok"], od["size_bytes"], od["alignment"],
+                              failure(od.get("failure")), od.get("sha256")),
+        fallocate=FallocateResult(fa["ok"], fa["requested_bytes"], fa.get("reserved_bytes"),
+                                  fa.get("method"), failure(fa.get("failure"))),
+        dio_align=DioAlign(dio.get("mem_align"), dio.get("offset_align"), dio.get("error")),
+        device=data.get("device"), logical_block_size=data.get("logical_block_size"),
+        total_bytes=data.get("total_bytes"), free_bytes=data.get("free_bytes"),
+        errors=tuple(data.get("errors", ())))
+
+
+@dataclass(frozen=True)
+class AttachedRender:
+    """One engine's config for an attached pool, as ``kvagent engines render`` shows it."""
+
+    pool: str
+    engine: str
+    mounts: tuple[str, ...]
+    directories: tuple[str, ...]
+    capacity_bytes: int
+    probes_from: str  # "record" (apply's probes) or "now"
+    rendered: Rendered
+
+
+def render_attached(cfg: Config, pool_name: str, kind: str, *, probe_now: bool = False,
+                    probe: Prober = probe_mount,
+                    mountinfo: Path = MOUNTINFO) -> AttachedRender:
+    """Render engine ``kind`` for the attached initiator pool ``pool_name``.
+
+    UsageError (exit 2) for a pool or engine the config does not have;
+    KvagentError (exit 1) when the pool is not attached or not mounted.
+    Probes come from apply's record unless ``probe_now`` (or no usable record).
+    """
+    pools = {p.name: p for p in (cfg.initiator.pools if cfg.initiator else ())}
+    pool = pools.get(pool_name)
+    if pool is None:
+        raise UsageError(f"unknown initiator pool {pool_name!r}; this host's config has "
+                         f"{', '.join(sorted(pools)) or 'no initiator pools'}")
+    engines = [e.kind for e in pool.engines]
+    if kind not in engines:
+        raise UsageError(f"engine {kind!r} is not configured for pool {pool_name!r} (it has "
+                         f"{', '.join(engines) or 'no engines'})",
+                         f"add {{kind: {kind}}} to the pool's engines and run kvagent apply")
+    state_dir = Path(cfg.node.state_dir)
+    record = InitiatorRecords.load(state_dir).get(pool_name)
+    if record is None or not record.mounts:
+        raise KvagentError(f"pool {pool_name!r} is not attached on this host",
+                           "run kvagent apply (kvagent plan shows what it would do)")
+    mounts = list(record.mounts)
+    missing = [m for m in mounts if mounted_at(m, mountinfo) is None]
+    if missing:
+        raise KvagentError(f"pool {pool_name!r} is not mounted at {', '.join(missing)}",
+                           "run kvagent apply to mount it again")
+    dirs = [engine_dir(m, kind) for m in mounts]
+    absent = [d for d in dirs if not os.path.isdir(d)]
+    if absent:
+        raise KvagentError(f"engine directory {', '.join(absent)} does not exist",
+                           "run kvagent apply to prepare the engine's directories")
+    probes, source = None, "now"
+    if not probe_now:
+        recorded = read_json(probes_path(state_dir, pool_name), None)
+        if recorded is not None:
+            loaded = [probe_from_json(p) for p in recorded]
+            if [p.path for p in loaded] == mounts:
+                probes, source = loaded, "record"
+    if probes is None:
+        transport = record.subsystems[0].transport if record.subsystems else None
+        probes = [probe(m, transport, sysfs=cfg.node.sysfs) for m in mounts]
+    caps = engine_capacities(sum(p.total_bytes or 0 for p in probes), pool.engines)
+    rendered = render_engine(pool, kind, mounts, caps[kind], probes)
+    return AttachedRender(pool_name, kind, tuple(mounts), tuple(dirs), caps[kind], source,
+                          rendered)

@@ -1,0 +1,360 @@
+"""kvagent's records: typed, versioned, in one place.
+
+Records are how kvagent proves what it owns and what each namespace is bound to.
+All of them live under ``node.state_dir`` except a file pool's manifest, which lives
+in the pool's directory next to the files it lists:
+
+=====================  =============================================================
+``target.json``        :class:`TargetRecords`: this host's export identity (node name,
+                       NQN prefix), nvmet ports and host entries kvagent created, pools
+                       exported, whole-device claims, and each namespace's binding
+                       (uuid, nguid and the storage behind it)
+``initiator.json``     :class:`InitiatorRecords`: what each pool's attach connected,
+                       found and mounted
+``last-apply.json``    the last apply's result (:func:`write_last_apply`)
+``probes/<pool>.json`` a GPU pool's probe results
+``engines/<pool>/``    rendered engine configs
+``<dir>/<pool>/.kvagent-pool.json``  :class:`FileManifest` of a file pool
+=====================  =============================================================
+
+Every file carries ``"schema"``; files written before schemas existed (schema 1:
+``target.json`` without it, ``device-claims.json`` beside it, manifests mapping a path
+to a size) are read and migrated, and written back as schema 2 by the next apply. A
+file from a newer kvagent is refused rather than guessed at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from .state import StateError, read_json, write_json
+
+SCHEMA = 2
+TARGET_FILE = "target.json"
+V1_CLAIMS_FILE = "device-claims.json"
+INITIATOR_FILE = "initiator.json"
+LAST_APPLY_FILE = "last-apply.json"
+PROBES_DIR = "probes"
+ENGINES_DIR = "engines"
+MANIFEST_FILE = ".kvagent-pool.json"
+
+
+class RecordError(StateError):
+    """A record exists but kvagent cannot use it (wrong shape, newer schema)."""
+
+
+def _schema(data: Any, path: Path) -> int:
+    if not isinstance(data, dict):
+        raise RecordError(f"{path} is not a JSON object; kvagent will not guess what it owns",
+                          "restore it from backup or inspect it")
+    version = data.get("schema", 1)
+    if not isinstance(version, int) or version < 1:
+        raise RecordError(f"{path}: schema {version!r} is not a version number")
+    if version > SCHEMA:
+        raise RecordError(f"{path} was written by a newer kvagent (schema {version}; this "
+                          f"one reads up to {SCHEMA})",
+                          "upgrade kvagent, or restore the records the older version wrote")
+    return version
+
+
+def _typed(path: Path, build: Any, *args: Any) -> Any:
+    try:
+        return build(*args)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise RecordError(f"{path} is malformed ({type(exc).__name__}: {exc}); kvagent will "
+                          "not guess what it owns",
+                          "restore it from backup or inspect it") from None
+
+
+# ------------------------------------------------------------------- target side
+@dataclass(frozen=True)
+class Storage:
+    """What backs a namespace: the backing kind, the path nvmet opens, and what it is."""
+
+    kind: str
+    path: str
+    detail: str = ""
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.path}" + (f" ({self.detail})" if self.detail else "")
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A namespace's identity (uuid, nguid) and the storage it was bound to when exported."""
+
+    nqn: str
+    nsid: int
+    uuid: str
+    nguid: str
+    pool: str
+    host: str | None
+    storage: Storage
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.nqn, self.nsid)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Binding:
+        return cls(str(d["nqn"]), int(d["nsid"]), str(d["uuid"]), str(d["nguid"]),
+                   str(d["pool"]), d.get("host"), Storage(**d["storage"]))
+
+
+@dataclass(frozen=True)
+class DeviceClaim:
+    """A whole device kvagent exports, claimed when it was blank.
+
+    ``uuid``/``nguid`` are the identity its namespace carries; ``wwid``, ``serial``
+    and ``size`` identify the device itself and are checked on every pass. Claims from
+    schema 1 have only ``device`` (the node) and ``size``.
+    """
+
+    path: str
+    pool: str
+    host: str | None
+    device: str
+    size: int | None = None
+    nsid: int | None = None
+    uuid: str | None = None
+    nguid: str | None = None
+    wwid: str | None = None
+    serial: str | None = None
+
+    @classmethod
+    def from_json(cls, path: str, d: Mapping[str, Any]) -> DeviceClaim:
+        known = {k: d[k] for k in ("pool", "host", "device", "size", "nsid", "uuid", "nguid",
+                                   "wwid", "serial") if k in d}
+        return cls(path=path, **known)
+
+
+@dataclass(frozen=True)
+class PoolRecord:
+    """A pool kvagent exported, as its backing driver recorded it (``kind`` + parameters)."""
+
+    kind: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, **self.params}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PoolRecord:
+        return cls(str(d["kind"]), {k: v for k, v in d.items() if k != "kind"})
+
+
+@dataclass
+class TargetRecords:
+    """What kvagent created and bound on this storage host (``<state_dir>/target.json``)."""
+
+    node: str | None = None
+    nqn_prefix: str | None = None
+    ports: set[int] = field(default_factory=set)
+    hosts: set[str] = field(default_factory=set)
+    pools: dict[str, PoolRecord] = field(default_factory=dict)
+    claims: dict[str, DeviceClaim] = field(default_factory=dict)
+    bindings: dict[tuple[str, int], Binding] = field(default_factory=dict)
+    #: The schema of the file these records were read from (1: migrated on save).
+    read_schema: int = field(default=SCHEMA, compare=False)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.ports or self.hosts or self.pools or self.claims or self.bindings)
+
+    @classmethod
+    def load(cls, state_dir: Path | str) -> TargetRecords:
+        """Read (and migrate) the records; an absent file means nothing was created yet."""
+        state_dir = Path(state_dir)
+        path = state_dir / TARGET_FILE
+        data = read_json(path, None)
+        if data is None:
+            records = cls()
+            version = 1 if (state_dir / V1_CLAIMS_FILE).exists() else SCHEMA
+        else:
+            version = _schema(data, path)
+            records = _typed(path, cls._from_json, data)
+        if version == 1:
+            claims_path = state_dir / V1_CLAIMS_FILE
+            claims = read_json(claims_path, {})
+            if not isinstance(claims, dict):
+                raise RecordError(f"{claims_path} is not a JSON object")
+            records.claims = _typed(claims_path, lambda c: {
+                p: DeviceClaim.from_json(p, v) for p, v in c.items()}, claims)
+        records.read_schema = version
+        return records
+
+    @classmethod
+    def _from_json(cls, data: Mapping[str, Any]) -> TargetRecords:
+        bindings = [Binding.from_json(b) for b in data.get("bindings", [])]
+        return cls(
+            node=data.get("node"), nqn_prefix=data.get("nqn_prefix"),
+            ports={int(p) for p in data.get("ports", [])},
+            hosts={str(h) for h in data.get("hosts", [])},
+            pools={str(n): PoolRecord.from_json(p) for n, p in data.get("pools", {}).items()},
+            claims={p: DeviceClaim.from_json(p, c) for p, c in data.get("claims", {}).items()},
+            bindings={b.key: b for b in bindings})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA, "node": self.node, "nqn_prefix": self.nqn_prefix,
+            "ports": sorted(self.ports), "hosts": sorted(self.hosts),
+            "pools": {n: p.to_json() for n, p in sorted(self.pools.items())},
+            "claims": {p: {k: v for k, v in asdict(c).items() if k != "path"}
+                       for p, c in sorted(self.claims.items())},
+            "bindings": [asdict(b) for _, b in sorted(self.bindings.items())],
+        }
+
+    def save(self, state_dir: Path | str) -> None:
+        """Write schema 2 atomically; a schema-1 claims file goes once its content is in."""
+        state_dir = Path(state_dir)
+        write_json(state_dir / TARGET_FILE, self.to_json())
+        (state_dir / V1_CLAIMS_FILE).unlink(missing_ok=True)
+        self.read_schema = SCHEMA
+
+    def pool_bindings(self, pool: str) -> list[Binding]:
+        return [b for b in self.bindings.values() if b.pool == pool]
+
+    def pool_claims(self, pool: str) -> dict[str, DeviceClaim]:
+        return {p: c for p, c in self.claims.items() if c.pool == pool}
+
+
+# ----------------------------------------------------------------- file manifest
+ManifestState = Literal["creating", "created"]
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One file kvagent made in a file pool.
+
+    ``state`` is ``creating`` from the moment kvagent decides to create the file
+    (under the temporary name ``temp``) until it is renamed into place; ``uuid`` and
+    ``nguid`` are the identity the file's namespace carries.
+    """
+
+    size: int
+    uuid: str | None = None
+    nguid: str | None = None
+    state: ManifestState = "created"
+    temp: str | None = None
+
+
+@dataclass
+class FileManifest:
+    """The files of one file pool (``<directory>/<pool>/.kvagent-pool.json``)."""
+
+    pool: str | None = None
+    files: dict[str, ManifestEntry] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, directory: Path | str) -> FileManifest:
+        path = Path(directory) / MANIFEST_FILE
+        data = read_json(path, None)
+        if data is None:
+            return cls()
+        version = _schema(data, path)
+
+        def build(d: Mapping[str, Any]) -> FileManifest:
+            files: dict[str, ManifestEntry] = {}
+            for rel, entry in d.get("files", {}).items():
+                files[str(rel)] = (ManifestEntry(int(entry)) if version == 1
+                                   else ManifestEntry(**entry))
+            return cls(d.get("pool"), files)
+
+        return _typed(path, build, data)
+
+    def save(self, directory: Path | str) -> None:
+        write_json(Path(directory) / MANIFEST_FILE, {
+            "schema": SCHEMA, "pool": self.pool,
+            "files": {rel: asdict(e) for rel, e in sorted(self.files.items())}})
+
+
+# ---------------------------------------------------------------- initiator side
+@dataclass(frozen=True)
+class SubsystemPath:
+    """A subsystem of a pool as this GPU host reaches it (one target address)."""
+
+    subsysnqn: str
+    transport: str
+    traddr: str
+    trsvcid: str
+
+
+@dataclass(frozen=True)
+class AttachedDevice:
+    """A namespace found on this GPU host."""
+
+    subsysnqn: str
+    nsid: int
+    uuid: str
+    device: str
+
+
+@dataclass
+class PoolAttachment:
+    """What attaching one pool did on this GPU host (kept even when it failed half-way)."""
+
+    hostnqn: str
+    layout: str = "per-namespace"
+    shared: bool = False
+    subsystems: list[SubsystemPath] = field(default_factory=list)
+    devices: list[AttachedDevice] = field(default_factory=list)
+    mounts: list[str] = field(default_factory=list)
+    created_dirs: list[str] = field(default_factory=list)
+    complete: bool = False
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PoolAttachment:
+        return cls(hostnqn=str(d["hostnqn"]), layout=d.get("layout", "per-namespace"),
+                   shared=bool(d.get("shared", False)),
+                   subsystems=[SubsystemPath(**s) for s in d.get("subsystems", [])],
+                   devices=[AttachedDevice(**x) for x in d.get("devices", [])],
+                   mounts=list(d.get("mounts", [])),
+                   created_dirs=list(d.get("created_dirs", [])),
+                   complete=bool(d.get("complete", False)))
+
+
+class InitiatorRecords:
+    """``<state_dir>/initiator.json``: every pool an apply attached (fully or in part)."""
+
+    @staticmethod
+    def load(state_dir: Path | str) -> dict[str, PoolAttachment]:
+        path = Path(state_dir) / INITIATOR_FILE
+        data = read_json(path, None)
+        if data is None:
+            return {}
+        _schema(data, path)
+        return _typed(path, lambda d: {str(n): PoolAttachment.from_json(p)
+                                       for n, p in d.get("pools", {}).items()}, data)
+
+    @staticmethod
+    def save(state_dir: Path | str, pools: Mapping[str, PoolAttachment]) -> None:
+        write_json(Path(state_dir) / INITIATOR_FILE, {
+            "schema": SCHEMA, "pools": {n: asdict(p) for n, p in sorted(pools.items())}})
+
+
+# ---------------------------------------------------------------- other records
+def last_apply_path(state_dir: Path | str) -> Path:
+    """Where apply records its last result."""
+    return Path(state_dir) / LAST_APPLY_FILE
+
+
+def write_last_apply(state_dir: Path | str, result: Mapping[str, Any]) -> None:
+    write_json(last_apply_path(state_dir), dict(result))
+
+
+def read_last_apply(state_dir: Path | str) -> dict[str, Any] | None:
+    """The last apply's result (None if there was none)."""
+    return read_json(last_apply_path(state_dir), None)
+
+
+def probes_path(state_dir: Path | str, pool: str) -> Path:
+    """Where apply records the probe results of a GPU pool's mounts."""
+    return Path(state_dir) / PROBES_DIR / f"{pool}.json"
+
+
+def engine_renders_dir(state_dir: Path | str, pool: str) -> Path:
+    """Where apply writes the rendered engine configs of a GPU pool."""
+    return Path(state_dir) / ENGINES_DIR / pool

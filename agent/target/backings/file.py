@@ -1,0 +1,355 @@
+"""File backing: preallocated image files in a directory, one per namespace.
+
+Layout: ``<directory>/<pool>/<host>/ns<N>.img`` (``shared`` for a shared pool).
+``<directory>/<pool>/.kvagent-pool.json`` (:class:`agent.records.FileManifest`) lists
+the files kvagent created and the namespace identity each carries: that manifest is
+the proof of ownership; a file not in it is never touched.
+
+A file is created under a temporary name (``<host>/.ns<N>.img.creating``), which is
+recorded in the manifest *before* it exists; it is preallocated, synced and renamed
+into place, then recorded as created. A create that failed (ENOSPC) is cleaned up at
+once; one that was killed is found by the next apply through its record and
+finished: nothing is left that kvagent would refuse as not its own.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import re
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+from ...config.model import FileBacking, TargetPool
+from ...errors import KvagentError
+from ...log import get_logger
+from ...records import (
+    MANIFEST_FILE,
+    FileManifest,
+    ManifestEntry,
+    PoolRecord,
+    Storage,
+    TargetRecords,
+)
+from ...state import fsync_dir
+from ...system.mounts import filesystem_type
+from ..identity import fresh_ids, legacy_ids
+from ..usage import DeviceUse
+from .base import BackingPlan, Doomed, PassContext, Step, Volume, grantees
+
+log = get_logger("file-backing")
+#: The only relative paths kvagent ever creates in a pool directory.
+OWNED_NAME = re.compile(r"^(shared|[a-z0-9][a-z0-9-]{0,31})/(ns[1-9][0-9]{0,3}\.img|"
+                        r"\.ns[1-9][0-9]{0,3}\.img\.creating)$")
+
+#: Filesystems whose files nvmet cannot export: on overlayfs the inode's block size
+#: is 0, so nvmet reports 1-byte blocks and the host sees a 0-sized device (seen on 6.1).
+UNUSABLE_FILESYSTEMS = {"overlay": "nvmet reports a 1-byte block size for files on overlayfs, "
+                                   "so hosts see an empty device"}
+
+
+class FileBackingError(KvagentError):
+    """A file backing cannot be used as configured."""
+
+
+def pool_dir(backing: FileBacking, pool: str) -> Path:
+    return Path(backing.directory) / pool
+
+
+def relative_path(host: str | None, nsid: int) -> str:
+    return f"{host or 'shared'}/ns{nsid}.img"
+
+
+def temp_relative_path(host: str | None, nsid: int) -> str:
+    return f"{host or 'shared'}/.ns{nsid}.img.creating"
+
+
+def supports_odirect(directory: Path) -> tuple[bool, str]:
+    """Whether files in ``directory`` accept an aligned O_DIRECT write (and why not)."""
+    probe = directory / ".kvagent-odirect-probe"
+    buf = mmap.mmap(-1, 4096)
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_DIRECT | os.O_TRUNC, 0o600)
+    except OSError as exc:
+        return False, f"open with O_DIRECT failed: {os.strerror(exc.errno or 0)}"
+    try:
+        os.pwrite(fd, buf, 0)
+    except OSError as exc:
+        return False, f"an aligned O_DIRECT write failed: {os.strerror(exc.errno or 0)}"
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+    return True, ""
+
+
+def _allocate(fd: int, size: int, path: Path) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise FileBackingError(f"cannot preallocate {size} bytes for {path}: "
+                                   f"{os.strerror(exc.errno or 0)}") from None
+        log.warning("filesystem cannot preallocate; file is sparse", file=str(path))
+        os.ftruncate(fd, size)
+    os.fsync(fd)
+
+
+def _update(directory: Path, rel: str, entry: ManifestEntry | None) -> None:
+    manifest = FileManifest.load(directory)
+    manifest.pool = directory.name
+    if entry is None:
+        manifest.files.pop(rel, None)
+    else:
+        manifest.files[rel] = entry
+    manifest.save(directory)
+
+
+def create_file(directory: Path, rel: str, size: int, uuid: str, nguid: str) -> None:
+    """Create one pool file: record the intent, preallocate a temp file, rename, record.
+
+    On a failure (ENOSPC, say) the temp file and the intent are removed again; a
+    kill leaves both for :func:`finish_file` on the next apply.
+    """
+    host, name = rel.split("/")
+    temp_rel = f"{host}/.{name}.creating"
+    temp, final = directory / temp_rel, directory / rel
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _update(directory, rel, ManifestEntry(size, uuid, nguid, "creating", temp_rel))
+    temp.parent.mkdir(exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(temp, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+        try:
+            _allocate(fd, size, final)
+        finally:
+            os.close(fd)
+    except (OSError, KvagentError):
+        temp.unlink(missing_ok=True)
+        _update(directory, rel, None)
+        raise
+    _finish(directory, rel, temp, final, ManifestEntry(size, uuid, nguid))
+
+
+def finish_file(directory: Path, rel: str, entry: ManifestEntry) -> None:
+    """Finish a create that was interrupted (its intent is in the manifest)."""
+    temp = directory / (entry.temp or "")
+    final = directory / rel
+    done = ManifestEntry(entry.size, entry.uuid, entry.nguid)
+    if final.exists() and not (entry.temp and temp.exists()):
+        _update(directory, rel, done)  # renamed before the kill: only the record was left
+        return
+    if not (entry.temp and temp.exists()):
+        _update(directory, rel, None)  # killed before the temp file existed: start over
+        create_file(directory, rel, entry.size, entry.uuid or "", entry.nguid or "")
+        return
+    fd = os.open(temp, os.O_WRONLY | os.O_NOFOLLOW)
+    try:
+        _allocate(fd, entry.size, final)
+    finally:
+        os.close(fd)
+    _finish(directory, rel, temp, final, done)
+
+
+def _finish(directory: Path, rel: str, temp: Path, final: Path, done: ManifestEntry) -> None:
+    if final.exists():
+        raise FileBackingError(f"{final} appeared while kvagent was creating it; not "
+                               "overwriting it")
+    os.rename(temp, final)
+    fsync_dir(final.parent)
+    _update(directory, rel, done)
+
+
+def _recorder(directory: Path, rel: str, entry: ManifestEntry):
+    return lambda: _update(directory, rel, entry)
+
+
+def grow_file(directory: Path, rel: str, size: int) -> None:
+    path = directory / rel
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    try:
+        _allocate(fd, size, path)
+    finally:
+        os.close(fd)
+    entry = FileManifest.load(directory).files[rel]
+    _update(directory, rel, ManifestEntry(size, entry.uuid, entry.nguid))
+
+
+def remove_owned(directory: Path, rel: str) -> bool:
+    """Delete ``directory/rel`` if it is a regular file kvagent could have made there.
+
+    The name must be one kvagent creates (:data:`OWNED_NAME`) and no component may be
+    a symlink: nothing outside the pool's directory can be reached. Returns whether a
+    file was deleted.
+    """
+    if not OWNED_NAME.match(rel):
+        raise FileBackingError(f"refusing to delete {directory / rel}: kvagent never "
+                               "creates a file of that name in a pool directory",
+                               "the manifest was edited; only <host>/ns<N>.img entries are "
+                               "kvagent's")
+    sub, name = rel.split("/")
+    top = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        try:
+            subfd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+        except FileNotFoundError:
+            return False
+        try:
+            try:
+                st = os.stat(name, dir_fd=subfd, follow_symlinks=False)
+            except FileNotFoundError:
+                return False
+            if not stat.S_ISREG(st.st_mode):
+                raise FileBackingError(f"refusing to delete {directory / rel}: not a regular "
+                                       "file")
+            os.unlink(name, dir_fd=subfd)
+            return True
+        finally:
+            os.close(subfd)
+    finally:
+        os.close(top)
+
+
+def file_storage(path: Path, detail: str = "") -> Storage:
+    if not detail:
+        try:
+            st = os.stat(path, follow_symlinks=False)
+            detail = f"inode {st.st_ino} on device {os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+        except OSError:
+            detail = "missing"
+    return Storage("file", str(path), detail)
+
+
+class FileDriver:
+    """Preallocated files in a directory (kind: file)."""
+
+    kind = "file"
+
+    def layout(self, pool: TargetPool,
+               records: TargetRecords) -> Mapping[str | None, tuple[int, ...]]:
+        assert pool.namespaces is not None
+        return {h: tuple(range(1, pool.namespaces.count + 1)) for h in grantees(pool)}
+
+    def record(self, pool: TargetPool) -> PoolRecord:
+        assert isinstance(pool.backing, FileBacking)
+        return PoolRecord("file", {"directory": pool.backing.directory})
+
+    def devices(self, pool: TargetPool) -> list[tuple[str, DeviceUse]]:
+        return []
+
+    def where(self, record: PoolRecord) -> str:
+        return str(record.params.get("directory", "?"))
+
+    def plan(self, ctx: PassContext, pool: TargetPool) -> BackingPlan:
+        """Volumes and steps: create, finish or grow owned files; record legacy identities."""
+        backing = pool.backing
+        assert isinstance(backing, FileBacking) and pool.namespaces is not None
+        plan = BackingPlan()
+        directory = pool_dir(backing, pool.name)
+        # Probe the nearest existing directory: planning creates nothing.
+        probe_dir = next(p for p in (directory, *directory.parents) if p.is_dir())
+        fstype = filesystem_type(probe_dir)
+        if fstype in UNUSABLE_FILESYSTEMS:
+            plan.errors.append(f"pool {pool.name}: {probe_dir} is on {fstype}: "
+                               f"{UNUSABLE_FILESYSTEMS[fstype]}; put the pool's files on a "
+                               "local filesystem (xfs, ext4) or tmpfs")
+            return plan
+        owned = FileManifest.load(directory).files
+        size = pool.namespaces.size
+        creates = False
+        for host, nsids in self.layout(pool, ctx.records).items():
+            for nsid in nsids:
+                rel = relative_path(host, nsid)
+                path = directory / rel
+                entry = owned.get(rel)
+                key = (host, nsid)
+                if entry is None:
+                    if path.exists() or path.is_symlink():
+                        plan.errors.append(
+                            f"pool {pool.name}: {path} exists but kvagent did not create it "
+                            f"(not in {directory / MANIFEST_FILE}); refusing to use or "
+                            "overwrite it")
+                        continue
+                    uuid, nguid = fresh_ids()
+                    creates = True
+                    plan.steps.append(Step(
+                        "file.create", pool.name, str(path), f"{int(size)} bytes",
+                        lambda r=rel, u=uuid, g=nguid: create_file(directory, r, size, u, g),
+                        volume=key))
+                    storage = file_storage(path, "to be created")
+                elif entry.state == "creating":
+                    uuid, nguid = entry.uuid or "", entry.nguid or ""
+                    plan.steps.append(Step(
+                        "file.finish", pool.name, str(path),
+                        f"an interrupted create of {entry.size} bytes",
+                        lambda r=rel, e=entry: finish_file(directory, r, e), volume=key))
+                    storage = file_storage(path, "being created")
+                else:
+                    uuid, nguid = entry.uuid or "", entry.nguid or ""
+                    if not path.exists():
+                        plan.errors.append(
+                            f"pool {pool.name}: {path} is recorded as kvagent's but is "
+                            "missing; kvagent will not recreate it silently")
+                        continue
+                    if not uuid or not nguid:
+                        uuid, nguid = legacy_ids(ctx.nqn(pool.name, host), nsid)
+                        plan.steps.append(Step(
+                            "file.record", pool.name, str(path), f"namespace identity {uuid}",
+                            _recorder(directory, rel, ManifestEntry(entry.size, uuid, nguid)),
+                            volume=key))
+                    current = path.stat().st_size
+                    if current < size:
+                        plan.steps.append(Step(
+                            "file.grow", pool.name, str(path), f"{current} -> {int(size)} bytes",
+                            lambda r=rel: grow_file(directory, r, size),
+                            grown=str(path), volume=key))
+                    storage = file_storage(path)
+                plan.volumes.append(Volume(pool.name, host, nsid, str(path), size, uuid, nguid,
+                                           storage, buffered_io=backing.buffered_io))
+        # Only a pool that gets new files needs the O_DIRECT probe (it writes a file):
+        # a converged pass stays free of writes.
+        if not backing.buffered_io and creates:
+            ok, why = supports_odirect(probe_dir)
+            if not ok:
+                plan.steps = []
+                plan.errors.append(
+                    f"pool {pool.name}: {probe_dir} does not support O_DIRECT ({why}); the "
+                    "kernel target cannot enable namespaces there with direct I/O. Use a "
+                    "filesystem with O_DIRECT (xfs, ext4) or set backing.buffered_io: true "
+                    "(page cache: slower, uses RAM)")
+        return plan
+
+    def doomed(self, ctx: PassContext, name: str, record: PoolRecord | None) -> list[Doomed]:
+        if record is None or record.kind != self.kind:
+            return []
+        directory = Path(str(record.params["directory"])) / name
+        manifest = FileManifest.load(directory)
+        out = []
+        for rel, entry in sorted(manifest.files.items()):
+            for r in (rel, entry.temp):
+                if r:
+                    if not OWNED_NAME.match(r):
+                        raise FileBackingError(
+                            f"refusing to destroy pool {name}: its manifest "
+                            f"{directory / MANIFEST_FILE} lists {r!r}, which is not a name "
+                            "kvagent creates (<host>/ns<N>.img inside the pool directory)",
+                            "the manifest was edited by hand; fix or remove that entry")
+                    out.append(Doomed("file", str(directory / r),
+                                      lambda r=r: remove_owned(directory, r)))
+        out.append(Doomed("manifest", str(directory / MANIFEST_FILE),
+                          lambda: _remove_manifest_and_dirs(directory)))
+        return out
+
+
+def _remove_manifest_and_dirs(directory: Path) -> None:
+    (directory / MANIFEST_FILE).unlink(missing_ok=True)
+    for sub in sorted((p for p in directory.glob("*") if p.is_dir() and not p.is_symlink()),
+                      reverse=True):
+        try:
+            sub.rmdir()
+        except OSError:
+            log.info("kept non-empty directory", directory=str(sub))
+    try:
+        directory.rmdir()
+    except OSError:
+        log.info("kept non-empty directory", directory=str(directory))

@@ -36,7 +36,7 @@ from ..records import SCHEMA, Binding, Storage, TargetRecords
 from ..result import ActionRecord, RunResult
 from ..system.modules import ensure_modules
 from ..system.run import Runner
-from .backings import DRIVERS, driver_for
+from .backings import driver_for
 from .backings.base import BackingPlan, PassContext, Volume
 from .desired import pool_layout, pool_nqn
 from .export import desired_hosts, desired_port, export_pool
@@ -484,10 +484,3 @@ def _same_id(a: str, b: str) -> bool:
     return canonical("device_uuid", a) == canonical("device_uuid", b)
 
 
-def expected_layout(cfg: Config, records: TargetRecords) -> dict[str, dict[str, tuple[int, ...]]]:
-    """``{pool: {subsystem NQN: nsids}}`` for every configured pool (see :mod:`.desired`)."""
-    return {p.name: pool_layout(cfg, p, records)
-            for p in (cfg.target.pools if cfg.target else ())}
-
-
-__all__ = ["DRIVERS", "TargetPass", "expected_layout", "node_identity_problem", "nvmet_fs"]

@@ -7,6 +7,7 @@ records argv and returns canned output.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -20,6 +21,10 @@ from ..log import get_logger
 log = get_logger("run")
 
 DEFAULT_TIMEOUT = 60.0
+#: After killing a command that ran past its timeout: how long to wait for it to go.
+#: A process stuck in uninterruptible I/O (umount of a filesystem whose storage is gone)
+#: cannot die; it is then left behind and reaped later, never waited for without limit.
+KILL_GRACE = 5.0
 
 
 @dataclass(frozen=True)
@@ -48,13 +53,21 @@ class CommandError(KvagentError):
 
 
 class CommandTimeout(KvagentError):
-    """A command ran past its timeout and was killed."""
+    """A command ran past its timeout and was killed (or could not be, see ``stuck``)."""
 
-    def __init__(self, argv: Sequence[str], timeout: float):
+    def __init__(self, argv: Sequence[str], timeout: float, stuck: bool = False):
         self.argv = tuple(argv)
         self.timeout = timeout
-        super().__init__(f"{argv[0]} did not finish within {timeout:g}s and was killed",
-                         "the device or network may be stuck; check dmesg")
+        self.stuck = stuck
+        if stuck:
+            super().__init__(
+                f"{argv[0]} did not finish within {timeout:g}s and is stuck in the kernel "
+                "(it did not exit when killed); kvagent left it behind",
+                "a device or the storage network is hung (uninterruptible I/O); check "
+                "dmesg and the controllers (nvme list-subsys)")
+        else:
+            super().__init__(f"{argv[0]} did not finish within {timeout:g}s and was killed",
+                             "the device or network may be stuck; check dmesg")
 
 
 class CommandNotFound(KvagentError):
@@ -86,23 +99,57 @@ class SubprocessRunner:
             raise TypeError("argv must be a list of arguments, not a shell string")
         args = tuple(str(a) for a in argv)
         full_env = {**os.environ, **self.default_env, **(env or {})}
+        _reap_abandoned()
         started = time.monotonic()
         try:
-            proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
-                                  input=input, env=full_env, check=False,
-                                  stdin=None if input is not None else subprocess.DEVNULL)
+            proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=full_env,
+                                    stdin=subprocess.PIPE if input is not None
+                                    else subprocess.DEVNULL)
         except FileNotFoundError:
             raise CommandNotFound(args[0]) from None
+        try:
+            stdout, stderr = proc.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            try:
+                proc.communicate(timeout=KILL_GRACE)
+            except subprocess.TimeoutExpired:
+                log.error("command stuck after kill; leaving it behind", argv=list(args),
+                          pid=proc.pid, timeout=timeout)
+                _abandon(proc)
+                raise CommandTimeout(args, timeout, stuck=True) from None
             log.warning("command timed out", argv=list(args), timeout=timeout)
             raise CommandTimeout(args, timeout) from None
-        result = CommandResult(args, proc.returncode, proc.stdout, proc.stderr,
+        result = CommandResult(args, proc.returncode, stdout, stderr,
                                time.monotonic() - started)
         log.debug("ran", argv=list(args), rc=result.returncode,
                   seconds=round(result.duration, 3))
         if check and not result.ok:
             raise CommandError(result)
         return result
+
+
+#: Children that could not be reaped after a kill (stuck in the kernel), reaped later.
+_ABANDONED: list[subprocess.Popen[str]] = []
+
+
+def _abandon(proc: subprocess.Popen[str]) -> None:
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+    _ABANDONED.append(proc)
+
+
+def _reap_abandoned() -> None:
+    _ABANDONED[:] = [p for p in _ABANDONED if p.poll() is None]
+
+
+def abandoned_commands() -> list[tuple[int, tuple[str, ...]]]:
+    """(pid, argv) of commands that were killed but are still stuck in the kernel."""
+    _reap_abandoned()
+    return [(p.pid, tuple(str(a) for a in p.args)) for p in _ABANDONED]  # type: ignore[union-attr]
 
 
 def default_runner() -> Runner:

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from . import failpoints
 from .errors import KvagentError
 
 
@@ -51,6 +52,7 @@ def write_json(path: Path, data: Any) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+    failpoints.step("record", str(path))
 
 
 def fsync_dir(directory: Path) -> None:

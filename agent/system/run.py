@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .. import failpoints
 from ..errors import KvagentError
 from ..log import get_logger
 
@@ -100,6 +101,7 @@ class SubprocessRunner:
         args = tuple(str(a) for a in argv)
         full_env = {**os.environ, **self.default_env, **(env or {})}
         _reap_abandoned()
+        failpoints.point(f"command.{os.path.basename(args[0])}")
         started = time.monotonic()
         try:
             proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -123,6 +125,8 @@ class SubprocessRunner:
             raise CommandTimeout(args, timeout) from None
         result = CommandResult(args, proc.returncode, stdout, stderr,
                                time.monotonic() - started)
+        if failpoints.changes_something(args):
+            failpoints.step("command", " ".join(args[:4]))
         log.debug("ran", argv=list(args), rc=result.returncode,
                   seconds=round(result.duration, 3))
         if check and not result.ok:

@@ -28,6 +28,7 @@ from nvmet.errors import AddressNotAvailable, NvmetError, NvmetUnavailable, Plan
 from nvmet.model import Namespace, Port, Subsystem, Tree, canonical
 from nvmet.planner import Action
 
+from .. import failpoints
 from ..config.model import Config, TargetPool
 from ..errors import KvagentError
 from ..log import get_logger
@@ -48,7 +49,7 @@ Key = tuple[str | None, int]
 
 def nvmet_fs(cfg: Config) -> nvmet.RealConfigFS:
     """The real configfs seam under the configured mount point."""
-    return nvmet.RealConfigFS(os.path.join(cfg.node.configfs, "nvmet"))
+    return failpoints.wrap_configfs(nvmet.RealConfigFS(os.path.join(cfg.node.configfs, "nvmet")))
 
 
 def node_identity_problem(cfg: Config, records: TargetRecords,
@@ -165,6 +166,7 @@ class TargetPass:
         if problem is not None:
             self.result.error("target", None, *problem)
             return
+        failpoints.point("target.plan")
         pools = list(cfg.target.pools) if cfg.target else []
         ctx = self._context(pools, records, live)
         plans = self._plan_backings(ctx, pools)

@@ -22,6 +22,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from ... import failpoints
 from ...config.model import FileBacking, TargetPool
 from ...errors import KvagentError
 from ...log import get_logger
@@ -128,6 +129,7 @@ def create_file(directory: Path, rel: str, size: int, uuid: str, nguid: str) -> 
         temp.unlink(missing_ok=True)
         _update(directory, rel, None)
         raise
+    failpoints.step("file.allocate", str(temp))
     _finish(directory, rel, temp, final, ManifestEntry(size, uuid, nguid))
 
 
@@ -157,6 +159,7 @@ def _finish(directory: Path, rel: str, temp: Path, final: Path, done: ManifestEn
                                "overwriting it")
     os.rename(temp, final)
     fsync_dir(final.parent)
+    failpoints.step("file.rename", str(final))
     _update(directory, rel, done)
 
 

@@ -33,7 +33,11 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
         initiator = InitiatorPass(cfg, runner, result, dry_run=dry_run)
         for pool in initiator.detach_removed():
             forget(cfg, pool, result, dry_run=dry_run)
-        TargetPass(cfg, runner, result, dry_run=dry_run, rebind=rebind).run()
+        try:
+            TargetPass(cfg, runner, result, dry_run=dry_run, rebind=rebind).run()
+        except Exception as exc:  # a bug must not stop the GPU side from attaching
+            result.error("target", None, f"unexpected error: {type(exc).__name__}: {exc}",
+                         "this is a kvagent bug; run with -v and report it")
         for mounted in initiator.attach_configured():
             # The engines' hand-off: its own step, after the pool is mounted.
             try:

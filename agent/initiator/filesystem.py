@@ -3,12 +3,16 @@
 The xfs uuid kvagent writes is deterministic: uuid5(host NQN, namespace uuid)
 (see agent.naming.filesystem_uuid). An existing filesystem is this host's own
 exactly when its uuid is the one this host would have written; anything else
-is foreign and is refused, never reformatted.
+is foreign and is refused, never reformatted. One of this host's own whose mkfs
+never finished (the superblock's in-progress flag) is made again.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import uuid as uuid_mod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import KvagentError
@@ -38,8 +42,15 @@ class DeviceContent:
         return self.type is None and self.partition_table is None
 
 
-def probe_content(device: str, runner: Runner) -> DeviceContent:
-    """Probe ``device`` with ``blkid -p`` (exit 2 = nothing found); errors are not 'blank'."""
+def probe_content(device: str, runner: Runner, *,
+                  exists: Callable[[str], bool] = os.path.exists) -> DeviceContent:
+    """Probe ``device`` with ``blkid -p`` (exit 2 = nothing found); errors are not 'blank'.
+
+    A device that does not exist is an error too (blkid says "nothing found" for it).
+    """
+    if not exists(device):
+        raise KvagentError(f"cannot probe {device}: it does not exist",
+                           "kvagent will not format a device it cannot inspect")
     result = runner(["blkid", "-p", "-o", "export", device], timeout=30, check=False)
     if result.returncode == 2:
         return DeviceContent(device, None, None, None, None)
@@ -74,16 +85,50 @@ def needs_filesystem(content: DeviceContent, fs_uuid: str) -> bool:
         "if the data is not needed, clear it yourself (wipefs -a); kvagent never does")
 
 
-def ensure_filesystem(device: str, fs_uuid: str, label: str, runner: Runner) -> bool:
-    """Make sure ``device`` holds this host's xfs; True when one was made now.
+@dataclass(frozen=True)
+class XfsSuperblock:
+    """The primary xfs superblock's identity and whether mkfs finished writing it."""
 
-    Blank → mkfs.xfs with the deterministic uuid. xfs with that uuid → accepted.
-    Anything else → :class:`ForeignFilesystem` (the device is left untouched).
+    uuid: str
+    inprogress: bool
+
+
+def read_xfs_superblock(device: str) -> XfsSuperblock | None:
+    """The xfs superblock at the start of ``device`` (None when there is none).
+
+    Layout (xfs_dsb, big-endian): magic ``XFSB`` at 0, uuid at 32, ``sb_inprogress``
+    at 126 — mkfs.xfs sets it first and clears it when the filesystem is complete.
     """
-    if not needs_filesystem(probe_content(device, runner), fs_uuid):
+    fd = os.open(device, os.O_RDONLY)
+    try:
+        head = os.pread(fd, 512, 0)
+    finally:
+        os.close(fd)
+    if len(head) < 128 or head[:4] != b"XFSB":
+        return None
+    return XfsSuperblock(str(uuid_mod.UUID(bytes=head[32:48])), head[126] != 0)
+
+
+def ensure_filesystem(device: str, fs_uuid: str, label: str, runner: Runner, *,
+                      superblock: Callable[[str], XfsSuperblock | None] = read_xfs_superblock,
+                      exists: Callable[[str], bool] = os.path.exists) -> bool:
+    """Make sure ``device`` holds this host's finished xfs; True when one was made now.
+
+    Blank → mkfs.xfs with the deterministic uuid. A finished xfs with that uuid →
+    accepted. An xfs with that uuid that mkfs never finished (killed, power cut:
+    ``sb_inprogress`` still set) is this host's own unfinished work → made again
+    (``-f``: the uuid proves it is ours). Anything else → :class:`ForeignFilesystem`
+    (the device is left untouched).
+    """
+    content = probe_content(device, runner, exists=exists)
+    sb = superblock(device)
+    unfinished = sb is not None and sb.inprogress and sb.uuid.lower() == fs_uuid.lower()
+    if not unfinished and not needs_filesystem(content, fs_uuid):
         return False
-    # No -f: mkfs.xfs itself refuses a device with a signature it recognises.
-    runner(["mkfs.xfs", "-q", "-m", f"uuid={fs_uuid}", "-L", label, device],
-           timeout=MKFS_TIMEOUT)
+    if unfinished:
+        log.warning("redoing an xfs whose mkfs did not finish", device=device, uuid=fs_uuid)
+    # No -f otherwise: mkfs.xfs itself refuses a device with a signature it recognises.
+    runner(["mkfs.xfs", "-q", *(["-f"] if unfinished else []), "-m", f"uuid={fs_uuid}",
+            "-L", label, device], timeout=MKFS_TIMEOUT)
     log.info("made xfs", device=device, uuid=fs_uuid, label=label)
     return True

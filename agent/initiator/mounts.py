@@ -17,7 +17,8 @@ from ..system.mounts import MOUNTINFO, MountEntry, mounted_at, read_mounts
 from ..system.run import CommandError, Runner
 
 __all__ = ["MOUNTINFO", "MountBusy", "MountEntry", "create_mount_point", "device_number",
-           "ensure_mounted", "mounted_at", "read_mounts", "remove_mount_points", "unmount"]
+           "ensure_mounted", "missing_dirs", "mounted_at", "read_mounts", "remove_mount_points",
+           "unmount"]
 
 log = get_logger("mounts")
 
@@ -30,6 +31,19 @@ def device_number(device: str) -> str:
     """``major:minor`` of a block device node."""
     rdev = os.stat(device).st_rdev
     return f"{os.major(rdev)}:{os.minor(rdev)}"
+
+
+def missing_dirs(path: str) -> list[str]:
+    """The directories :func:`create_mount_point` would make for ``path`` (top first)."""
+    missing = []
+    current = os.path.normpath(path)
+    while not os.path.isdir(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    return list(reversed(missing))
 
 
 def create_mount_point(path: str) -> list[str]:

@@ -17,6 +17,7 @@ subsystems); mount directories kvagent created are removed when empty.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import time
@@ -36,7 +37,14 @@ from ..system.modules import ensure_modules
 from ..system.run import Runner
 from .connect import Target, connect, disconnect_controllers, find_controllers, pool_entries
 from .devices import NamespaceDevice, wait_for_namespaces
-from .filesystem import ensure_filesystem, needs_filesystem, probe_content, xfs_label
+from .filesystem import (
+    XfsSuperblock,
+    ensure_filesystem,
+    needs_filesystem,
+    probe_content,
+    read_xfs_superblock,
+    xfs_label,
+)
 from .identity import ensure_host_identity
 from .kernel_quirks import loopback_tcp_warning, thp_mode
 from .mounts import (
@@ -45,6 +53,7 @@ from .mounts import (
     create_mount_point,
     device_number,
     ensure_mounted,
+    missing_dirs,
     mounted_at,
     remove_mount_points,
     unmount,
@@ -63,6 +72,8 @@ class HostSeams:
 
     mountinfo: Path = MOUNTINFO
     devnum: Callable[[str], str] = device_number
+    exists: Callable[[str], bool] = os.path.exists
+    superblock: Callable[[str], XfsSuperblock | None] = read_xfs_superblock
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
 
@@ -129,6 +140,7 @@ class InitiatorPass:
         self.cli = cli or NvmeCli(runner)
         self.seams = seams or HostSeams()
         self.state_dir = Path(cfg.node.state_dir)
+        self._checkpoint: Callable[[], None] = lambda: None
 
     def _act(self, pool: str | None, kind: str, subject: str, detail: str = "",
              status: str | None = None) -> None:
@@ -197,16 +209,30 @@ class InitiatorPass:
         mounted: list[MountedPool] = []
         for pool in pools:
             box: list[PoolAttachment] = []
+            old = state.get(pool.name)
+
+            def checkpoint(name: str = pool.name, old: PoolAttachment | None = old,
+                           box: list[PoolAttachment] = box) -> None:
+                """Record what this attach has done (or is about to do) so far."""
+                if self.dry_run or not box:
+                    return
+                merged = copy.deepcopy(merge_record(old, box[0]))
+                if not merged.subsystems:  # nothing connected, nothing to undo later
+                    if state.pop(name, None) is not None:
+                        save_state(self.state_dir, state)
+                elif state.get(name) != merged:
+                    state[name] = merged
+                    save_state(self.state_dir, state)
+
+            self._checkpoint = checkpoint
             try:
-                done = self._attach(pool, hostnqn, hostid, box, state.get(pool.name))
+                done = self._attach(pool, hostnqn, hostid, box, old)
                 if done is not None:
                     mounted.append(done)
-            except (KvagentError, OSError) as exc:
+            except Exception as exc:  # one pool's failure, expected or not, is its own
                 self._fail(pool.name, exc)
             finally:
-                if not self.dry_run and box and box[0].subsystems:
-                    state[pool.name] = merge_record(state.get(pool.name), box[0])
-                    save_state(self.state_dir, state)
+                checkpoint()
         return mounted
 
     def _load_modules(self, pools: list[InitiatorPool]) -> None:
@@ -281,13 +307,18 @@ class InitiatorPass:
                 self._act(pool.name, "attach", pool.mount,
                           "find namespaces, make xfs if blank, mount, probe, engines")
                 return None
+            # Recorded before connecting: a kill right after the connect must not leave a
+            # controller that a later detach cannot find.
+            record.subsystems.append(a)
+            self._checkpoint()
             try:
                 res = connect(target, cli=self.cli, sysfs=self.sysfs, sleep=self.seams.sleep)
             except ConnectError as exc:
-                # Another path (target address) to the same subsystem may still work.
+                # Nothing connected on this path; another path to the same subsystem (target
+                # address) may still work.
+                record.subsystems.remove(a)
                 path_errors.append((a.subsysnqn, exc))
                 continue
-            record.subsystems.append(a)
             connected.setdefault(a.subsysnqn, []).extend(res.controllers)
             if res.changed:
                 self._act(pool.name, "nvme.connect", a.subsysnqn,
@@ -308,6 +339,7 @@ class InitiatorPass:
             record.devices += [AttachedDevice(d.subsysnqn, d.nsid, d.uuid, d.device)
                                for d in found]
             devices += found
+        self._checkpoint()
         mounted = None
         if not pool.shared:
             mounts = self._filesystems(pool, hostnqn, devices, record)
@@ -350,25 +382,33 @@ class InitiatorPass:
             fs_uuid = str(filesystem_uuid(hostnqn, f"striped:{pool.name}:{uuids}"))
             self._check_size(pool, "the striped volume", total)
             record.mounts = list(mounts)
+            self._checkpoint()
             pairs = [(self._striped(pool, devices), fs_uuid, mounts[0], 1)]
         else:
             for d in devices:
                 self._check_size(pool, f"{d.device} (nsid {d.nsid})", d.size_bytes)
             record.mounts = list(mounts)
+            self._checkpoint()
             pairs = [(d.device, str(filesystem_uuid(hostnqn, d.uuid)), m, i)
                      for i, (d, m) in enumerate(zip(devices, mounts, strict=True), 1)]
         for device, fs_uuid, mount, index in pairs:
             if self.dry_run:
-                fresh = pool.layout == "striped" and not os.path.exists(device)
-                if fresh or needs_filesystem(probe_content(device, self.runner), fs_uuid):
+                fresh = pool.layout == "striped" and not self.seams.exists(device)
+                if fresh or needs_filesystem(probe_content(device, self.runner,
+                                                           exists=self.seams.exists), fs_uuid):
                     self._act(pool.name, "mkfs.xfs", device, f"uuid {fs_uuid}")
                 if mounted_at(mount, self.seams.mountinfo) is None:
                     self._act(pool.name, "mount", mount, device)
                 continue
-            if ensure_filesystem(device, fs_uuid, xfs_label(pool.name, index), self.runner):
+            if ensure_filesystem(device, fs_uuid, xfs_label(pool.name, index), self.runner,
+                                 superblock=self.seams.superblock, exists=self.seams.exists):
                 self._act(pool.name, "mkfs.xfs", device, f"uuid {fs_uuid}")
             if mounted_at(mount, self.seams.mountinfo) is None:
-                record.created_dirs += create_mount_point(mount)
+                missing = missing_dirs(mount)
+                if missing:
+                    record.created_dirs += missing  # recorded before they are made
+                    self._checkpoint()
+                create_mount_point(mount)
             if ensure_mounted(device, mount, pool.mount_options, self.runner,
                               self.seams.mountinfo, self.seams.devnum):
                 self._act(pool.name, "mount", mount, device)
@@ -386,7 +426,7 @@ class InitiatorPass:
         if self.dry_run:
             return volume_path(pool.name)
         path, created = ensure_striped_volume(pool.name, [d.device for d in devices],
-                                              self.runner)
+                                              self.runner, exists=self.seams.exists)
         if created:
             self._act(pool.name, "lvm.striped", path, f"{len(devices)} stripes")
         return path

@@ -9,6 +9,8 @@ never removes the group on detach (it only deactivates it).
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import KvagentError
@@ -60,10 +62,12 @@ def list_pvs(runner: Runner, devices: list[str]) -> dict[str, PhysicalVolume]:
             for r in rows}
 
 
-def ensure_striped_volume(pool: str, devices: list[str], runner: Runner) -> tuple[str, bool]:
+def ensure_striped_volume(pool: str, devices: list[str], runner: Runner, *,
+                          exists: Callable[[str], bool] = os.path.exists) -> tuple[str, bool]:
     """Create or activate the pool's striped LV; returns (device path, created now).
 
-    Each device must be blank or already a PV of this pool's tagged VG.
+    Each device must be blank or already a PV of this pool's tagged VG. A tagged VG
+    without its LV (an attach interrupted between vgcreate and lvcreate) gets the LV.
     """
     vg = vg_name(pool)
     pvs = list_pvs(runner, devices)
@@ -77,7 +81,7 @@ def ensure_striped_volume(pool: str, devices: list[str], runner: Runner) -> tupl
                     f"not of kvagent's {vg}", "kvagent never reuses LVM it did not create")
             ours.append(dev)
             continue
-        content = probe_content(dev, runner)
+        content = probe_content(dev, runner, exists=exists)
         if not content.blank:
             what = content.type or "a partition table"
             raise ForeignFilesystem(f"refusing {dev}: it holds {what}, which this host did "
@@ -91,13 +95,22 @@ def ensure_striped_volume(pool: str, devices: list[str], runner: Runner) -> tupl
     if blank:
         tags = [a for t in vg_tags(pool) for a in ("--addtag", t)]
         runner(["vgcreate", "-y", *tags, vg, *blank], timeout=LVM_TIMEOUT)
-        runner(["lvcreate", "-y", "-Wy", "-Zy", "-i", str(len(blank)), "-I", STRIPE_SIZE,
-                "-l", "100%FREE", "-n", LV_NAME, "--addtag", LVM_OWNER_TAG, vg],
-               timeout=LVM_TIMEOUT)
+        _lvcreate(runner, vg, len(blank))
         log.info("made striped volume", pool=pool, stripes=len(blank))
         return volume_path(pool), True
     runner(["vgchange", "-ay", vg], timeout=LVM_TIMEOUT)
+    lvs = runner(["lvs", "--noheadings", "-o", "lv_name", vg], timeout=LVM_TIMEOUT)
+    if LV_NAME not in lvs.stdout.split():
+        log.warning("finishing a striped volume whose creation was interrupted", pool=pool)
+        _lvcreate(runner, vg, len(ours))
+        return volume_path(pool), True
     return volume_path(pool), False
+
+
+def _lvcreate(runner: Runner, vg: str, stripes: int) -> None:
+    runner(["lvcreate", "-y", "-Wy", "-Zy", "-i", str(stripes), "-I", STRIPE_SIZE,
+            "-l", "100%FREE", "-n", LV_NAME, "--addtag", LVM_OWNER_TAG, vg],
+           timeout=LVM_TIMEOUT)
 
 
 def dm_name(pool: str) -> str:

@@ -217,6 +217,11 @@ class TargetPass:
                 plan = driver_for(pool).plan(ctx, pool)
             except KvagentError as exc:
                 plan = BackingPlan(errors=[f"pool {pool.name}: {exc}"])
+            except Exception as exc:  # a bug or an unforeseen error: this pool fails alone
+                log.error("unexpected error planning a pool", pool=pool.name,
+                          error=f"{type(exc).__name__}: {exc}")
+                plan = BackingPlan(errors=[f"pool {pool.name}: unexpected error: "
+                                           f"{type(exc).__name__}: {exc}"])
             for message in plan.errors:
                 self.result.error("target", pool.name, message)
             for w in plan.withheld:
@@ -301,8 +306,9 @@ class TargetPass:
                     continue
                 try:
                     step.run()
-                except (KvagentError, OSError) as exc:
-                    message = str(exc)
+                except Exception as exc:  # expected or not, it fails this pool alone
+                    message = str(exc) if isinstance(exc, (KvagentError, OSError)) else \
+                        f"unexpected error: {type(exc).__name__}: {exc}"
                     self._act(name, step.kind, step.subject, step.detail, "failed", message)
                     self.result.error("target", name, f"{step.kind} {step.subject}: {message}")
                     newly_failed.add(name)

@@ -67,6 +67,8 @@ class FakeHost:
         self.next_ctrl, self.next_minor = 2, 1
         self.vgs: dict[str, dict] = {}
         self.probed: list[str] = []
+        #: devices whose xfs superblock mkfs never finished (device -> superblock)
+        self.superblocks: dict = {}
         r = FakeRunner()
         r.on(["modprobe"])
         r.on_call(["nvme", "discover"], self._discover)
@@ -81,6 +83,7 @@ class FakeHost:
         r.on_call(["vgcreate"], self._vgcreate)
         r.on_call(["lvcreate"], self._lvcreate)
         r.on_call(["vgchange"], self._vgchange)
+        r.on_call(["lvs"], self._lvs)
         self.runner = r
         self.cli = NvmeCli(r, kernel_log=NoKernelLog())
         self.sleeps: list[float] = []
@@ -94,7 +97,8 @@ class FakeHost:
 
     def seams(self) -> HostSeams:
         return HostSeams(mountinfo=self.mountinfo, devnum=self.devnum, sleep=self._sleep,
-                         clock=lambda: self.now)
+                         clock=lambda: self.now, exists=lambda d: d in self.numbers,
+                         superblock=lambda d: self.superblocks.get(d))
 
     def config(self, body: str) -> Config:
         text = f"""
@@ -264,6 +268,7 @@ node:
     def _lvcreate(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
         vg = argv[-1]
         self.vgs[vg]["active"] = True
+        self.vgs[vg]["lv"] = True
         path = f"/dev/{vg}/data"
         self.numbers[path] = "253:0"
         node = self.root / "sys/devices/virtual/block/dm-0"
@@ -274,6 +279,10 @@ node:
         if not link.is_symlink():
             link.symlink_to(node)
         return self.ok(argv)
+
+    def _lvs(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        vg = self.vgs.get(argv[-1])
+        return self.ok(argv, "  data\n" if vg and vg.get("lv") else "")
 
     def _vgchange(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
         vg = argv[-1]

@@ -7,9 +7,11 @@ import pytest
 from agent.errors import KvagentError
 from agent.initiator.filesystem import (
     ForeignFilesystem,
+    XfsSuperblock,
     ensure_filesystem,
     needs_filesystem,
     probe_content,
+    read_xfs_superblock,
     xfs_label,
 )
 from tests.unit.fakerunner import FakeRunner
@@ -18,13 +20,18 @@ DEV = "/dev/nvme2n1"
 UUID = "3b73d893-f7d2-5425-b65f-15a1c24d4bf5"
 
 
+def ensure(r: FakeRunner, sb: XfsSuperblock | None = None) -> bool:
+    return ensure_filesystem(DEV, UUID, "kv-1", r, superblock=lambda d: sb,
+                             exists=lambda d: d == DEV)
+
+
 def blkid(stdout: str = "", rc: int = 0) -> FakeRunner:
     return FakeRunner().on(["blkid"], stdout, rc).on(["mkfs.xfs"])
 
 
 def test_blank_device_gets_xfs_with_the_deterministic_uuid() -> None:
     r = blkid(rc=2)
-    assert ensure_filesystem(DEV, UUID, "kv-1", r) is True
+    assert ensure(r) is True
     assert r.ran("blkid") == [("blkid", "-p", "-o", "export", DEV)]
     assert r.ran("mkfs.xfs") == [("mkfs.xfs", "-q", "-m", f"uuid={UUID}", "-L", "kv-1", DEV)]
     assert not any("-f" in c for c in r.ran("mkfs.xfs"))
@@ -33,7 +40,7 @@ def test_blank_device_gets_xfs_with_the_deterministic_uuid() -> None:
 @pytest.mark.parametrize("uuid", [UUID, UUID.upper()])
 def test_own_xfs_is_accepted_without_mkfs(uuid: str) -> None:
     r = blkid(f"DEVNAME={DEV}\nUUID={uuid}\nTYPE=xfs\nUSAGE=filesystem\n")
-    assert ensure_filesystem(DEV, UUID, "kv-1", r) is False
+    assert ensure(r) is False
     assert r.ran("mkfs.xfs") == []
 
 
@@ -47,7 +54,7 @@ def test_own_xfs_is_accepted_without_mkfs(uuid: str) -> None:
 def test_anything_else_is_refused_and_left_alone(stdout: str, what: str) -> None:
     r = blkid(stdout)
     with pytest.raises(ForeignFilesystem, match="refusing to format") as exc:
-        ensure_filesystem(DEV, UUID, "kv-1", r)
+        ensure(r)
     assert what in exc.value.message and UUID in exc.value.message
     assert "wipefs -a" in exc.value.hint
     assert r.ran("mkfs.xfs") == []
@@ -56,19 +63,20 @@ def test_anything_else_is_refused_and_left_alone(stdout: str, what: str) -> None
 def test_a_failed_probe_is_never_blank() -> None:
     r = FakeRunner().on(["blkid"], "", 4, "blkid: error: permission denied").on(["mkfs.xfs"])
     with pytest.raises(KvagentError, match="cannot probe /dev/nvme2n1: blkid exit 4"):
-        ensure_filesystem(DEV, UUID, "kv-1", r)
+        ensure(r)
     assert r.ran("mkfs.xfs") == []
 
 
 def test_probe_content_parses_export_output() -> None:
-    c = probe_content(DEV, blkid("DEVNAME=/dev/nvme2n1\nLABEL=kv-1\nUUID=u\nTYPE=xfs\n"))
+    c = probe_content(DEV, blkid("DEVNAME=/dev/nvme2n1\nLABEL=kv-1\nUUID=u\nTYPE=xfs\n"),
+                      exists=lambda d: True)
     assert (c.type, c.uuid, c.label, c.partition_table, c.blank) == ("xfs", "u", "kv-1", None,
                                                                      False)
-    assert probe_content(DEV, blkid(rc=2)).blank
+    assert probe_content(DEV, blkid(rc=2), exists=lambda d: True).blank
 
 
 def test_needs_filesystem_names_the_device() -> None:
-    c = probe_content(DEV, blkid("TYPE=ext4\n"))
+    c = probe_content(DEV, blkid("TYPE=ext4\n"), exists=lambda d: True)
     with pytest.raises(ForeignFilesystem, match=f"refusing to format {DEV}: it holds ext4"):
         needs_filesystem(c, UUID)
 
@@ -78,3 +86,47 @@ def test_needs_filesystem_names_the_device() -> None:
 ])
 def test_labels_fit_xfs(pool: str, index: int, label: str) -> None:
     assert xfs_label(pool, index) == label and len(label) <= 12
+
+
+def test_own_xfs_whose_mkfs_never_finished_is_made_again() -> None:
+    """mkfs killed (or the power cut) after it wrote the superblock: own and unfinished."""
+    r = blkid(f"UUID={UUID}\nTYPE=xfs\n")
+    assert ensure(r, XfsSuperblock(UUID, inprogress=True)) is True
+    assert r.ran("mkfs.xfs") == [("mkfs.xfs", "-q", "-f", "-m", f"uuid={UUID}", "-L", "kv-1",
+                                  DEV)]
+    # blkid may not report an unfinished xfs at all: the superblock still proves it is ours.
+    r = blkid(rc=2)
+    assert ensure(r, XfsSuperblock(UUID.upper(), inprogress=True)) is True
+    assert "-f" in r.ran("mkfs.xfs")[0]
+
+
+def test_an_unfinished_xfs_of_someone_else_is_refused() -> None:
+    other = f"{UUID[:-1]}6"
+    r = blkid(f"UUID={other}\nTYPE=xfs\n")
+    with pytest.raises(ForeignFilesystem):
+        ensure(r, XfsSuperblock(other, inprogress=True))
+    assert r.ran("mkfs.xfs") == []
+
+
+def test_a_missing_device_is_never_blank() -> None:
+    r = blkid(rc=2)
+    with pytest.raises(KvagentError, match="does not exist"):
+        probe_content("/dev/kvagent-missing", r, exists=lambda d: False)
+    assert r.ran("blkid") == []
+
+
+def test_superblock_reader(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import uuid
+
+    image = tmp_path / "dev"
+    sb = bytearray(4096)
+    sb[:4] = b"XFSB"
+    sb[32:48] = uuid.UUID(UUID).bytes
+    sb[126] = 1
+    image.write_bytes(bytes(sb))
+    assert read_xfs_superblock(str(image)) == XfsSuperblock(UUID, True)
+    sb[126] = 0
+    image.write_bytes(bytes(sb))
+    assert read_xfs_superblock(str(image)) == XfsSuperblock(UUID, False)
+    image.write_bytes(b"\0" * 4096)
+    assert read_xfs_superblock(str(image)) is None

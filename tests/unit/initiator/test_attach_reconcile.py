@@ -396,3 +396,52 @@ def test_the_only_path_down_fails_the_pool_and_records_nothing(host: FakeHost) -
     [error] = result.errors
     assert "Connection refused" in error.message and "port up" in error.hint
     assert host.mounts() == {} and state(host) == {}
+
+
+# ------------------------------------------------------------ crash safety
+
+def test_each_step_is_recorded_before_it_is_taken(host: FakeHost,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kill right after a connect, a mkdir or a mount leaves a record that finds it."""
+    from agent.initiator import reconcile as initiator
+
+    seen: dict[str, object] = {}
+    real_connect, real_mkdir = initiator.connect, initiator.create_mount_point
+
+    def connect(target, **kw):  # type: ignore[no-untyped-def]
+        rec = state(host).get("kv")
+        seen["connect"] = [s.subsysnqn for s in rec.subsystems] if rec else None
+        return real_connect(target, **kw)
+
+    def mkdir(path: str) -> list[str]:
+        seen.setdefault("mkdir", state(host)["kv"].created_dirs)
+        seen.setdefault("mounts", state(host)["kv"].mounts)
+        return real_mkdir(path)
+
+    monkeypatch.setattr(initiator, "connect", connect)
+    monkeypatch.setattr(initiator, "create_mount_point", mkdir)
+    assert run(host, pool_yaml(host)).ok
+    assert seen["connect"] == [NQN]
+    assert str(host.root / "mnt") in seen["mkdir"]  # type: ignore[operator]
+    assert seen["mounts"] == ns_mounts(host)
+
+
+def test_an_unexpected_error_fails_that_pool_only(host: FakeHost,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.initiator import reconcile as initiator
+
+    calls: list[int] = []
+    real = initiator.wait_for_namespaces
+
+    def boom_once(*a, **k):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            raise ZeroDivisionError("a bug")
+        return real(*a, **k)
+
+    monkeypatch.setattr(initiator, "wait_for_namespaces", boom_once)
+    result = run(host, pool_yaml(host, name="kv", layout="striped", engines="")
+                 + pool_yaml(host, name="two", engines="", subsystem=NQN))
+    assert [(e.pool, e.message) for e in result.errors] == [("kv", "ZeroDivisionError: a bug")]
+    assert state(host)["kv"].subsystems, "what was connected is recorded for a detach"
+    assert state(host)["two"].complete

@@ -7,11 +7,11 @@ import json
 import pytest
 
 from agent.errors import KvagentError
+from agent.initiator import striped
 from agent.initiator.filesystem import ForeignFilesystem
 from agent.initiator.striped import (
     deactivate,
     dm_name,
-    ensure_striped_volume,
     list_pvs,
     vg_tags,
     volume_path,
@@ -28,9 +28,13 @@ def pvs(rows: list[tuple[str, str, str]], rc: int = 0) -> str:
 
 
 def runner(pv_rows: list[tuple[str, str, str]], rc: int = 0, blkid: str = "",
-           blkid_rc: int = 2) -> FakeRunner:
+           blkid_rc: int = 2, lvs: str = "  data\n") -> FakeRunner:
     return (FakeRunner().on(["pvs"], pvs(pv_rows), rc).on(["blkid"], blkid, blkid_rc)
-            .on(["vgcreate"]).on(["lvcreate"]).on(["vgchange"]))
+            .on(["vgcreate"]).on(["lvcreate"]).on(["vgchange"]).on(["lvs"], lvs))
+
+
+def ensure_striped_volume(pool: str, devices: list[str], r: FakeRunner):  # type: ignore[no-untyped-def]
+    return striped.ensure_striped_volume(pool, devices, r, exists=lambda d: True)
 
 
 def test_blank_devices_become_one_tagged_striped_volume() -> None:
@@ -95,3 +99,11 @@ def test_names() -> None:
     assert volume_path("kv") == "/dev/kvs_kv/data"
     assert dm_name("my-pool") == "kvs_my--pool-data"
     assert vg_tags("kv") == ("kvagent", "kvagent_pool=kv", "kvagent_role=initiator")
+
+
+def test_an_own_group_without_its_volume_gets_the_volume() -> None:
+    """Killed between vgcreate and lvcreate: the next attach finishes the job."""
+    r = runner([(d, "kvs_kv", TAGS) for d in DEVS], lvs="")
+    assert ensure_striped_volume("kv", DEVS, r) == ("/dev/kvs_kv/data", True)
+    [lv] = r.ran("lvcreate")
+    assert lv[lv.index("-i") + 1] == "2" and r.ran("vgcreate") == []

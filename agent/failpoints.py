@@ -10,11 +10,17 @@ record written (``agent.state.write_json``) and each pool file made or renamed. 
 
 The spec is a ``;``-separated list:
 
-``kill-after=N``   SIGKILL this process right after its N-th step
-``log=PATH``       append ``N<TAB>kind<TAB>subject`` to PATH for every step
-``NAME=sleep(S)``  sleep S seconds when point NAME is reached
-``NAME=raise``     raise :class:`FailpointError` (not a KvagentError) at point NAME
-``NAME=kill``      SIGKILL this process at point NAME
+``kill-after=N``        SIGKILL this process right after its N-th step
+``kill-after=KIND#N``   ... right after its N-th step of kind KIND (``record``, ...)
+``cut-after=N``, ``cut-after=KIND#N``  cut the power instead (see below)
+``log=PATH``            append ``N<TAB>kind<TAB>subject`` to PATH for every step
+``NAME=sleep(S)``       sleep S seconds when point NAME is reached
+``NAME=raise``          raise :class:`FailpointError` (not a KvagentError) at point NAME
+``NAME=kill``           SIGKILL this process at point NAME
+``NAME=cut-later(S)``   cut the power S seconds after point NAME (while what follows runs)
+
+Cutting the power is ``b`` on ``/proc/sysrq-trigger``: an immediate reboot without
+syncing or unmounting — only for throwaway test VMs (the real-kernel tier).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -62,16 +69,43 @@ step = _noop
 point = _noop
 
 
+def _kill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def cut_power() -> None:
+    """Reboot at once, without sync: what a power cut leaves (test VMs only)."""
+    with open("/proc/sysrq-trigger", "w") as f:
+        f.write("b")
+    time.sleep(60)  # the machine is gone before this returns
+
+
+class _Trigger:
+    """``N`` or ``KIND#N`` (the N-th step, or the N-th step of one kind) and what to do."""
+
+    def __init__(self, value: str, act: Any):
+        kind, _, n = value.rpartition("#")
+        self.kind, self.n, self.act, self.seen = kind or None, int(n), act, 0
+
+    def after(self, kind: str) -> None:
+        if self.kind is None or kind == self.kind:
+            self.seen += 1
+            if self.seen >= self.n:
+                self.act()
+
+
 class _Active:
     def __init__(self, spec: str):
         self.count = 0
-        self.kill_after: int | None = None
         self.log: str | None = None
+        self.triggers: list[_Trigger] = []
         self.actions: dict[str, str] = {}
         for item in filter(None, (s.strip() for s in spec.split(";"))):
             key, _, value = item.partition("=")
             if key == "kill-after":
-                self.kill_after = int(value)
+                self.triggers.append(_Trigger(value, _kill))
+            elif key == "cut-after":
+                self.triggers.append(_Trigger(value, cut_power))
             elif key == "log":
                 self.log = value
             else:
@@ -82,8 +116,10 @@ class _Active:
         if self.log:
             with open(self.log, "a") as f:
                 f.write(f"{self.count}\t{kind}\t{subject}\n")
-        if self.kill_after is not None and self.count >= self.kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
+                f.flush()
+                os.fsync(f.fileno())
+        for trigger in self.triggers:
+            trigger.after(kind)
 
     def point(self, name: str) -> None:
         action = self.actions.get(name)
@@ -92,10 +128,14 @@ class _Active:
         if action == "raise":
             raise FailpointError(f"failpoint {name}")
         if action == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        m = re.fullmatch(r"sleep\(([\d.]+)\)", action)
-        if m:
-            time.sleep(float(m.group(1)))
+            _kill()
+        m = re.fullmatch(r"(sleep|cut-later)\(([\d.]+)\)", action)
+        if m and m.group(1) == "sleep":
+            time.sleep(float(m.group(2)))
+        elif m:
+            delay = float(m.group(2))
+            threading.Thread(target=lambda: (time.sleep(delay), cut_power()),
+                             daemon=True).start()
 
 
 def configure(spec: str | None) -> None:

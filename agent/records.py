@@ -93,6 +93,9 @@ class Binding:
     pool: str
     host: str | None
     storage: Storage
+    #: The size nvmet last read for the namespace (None: not known yet). A volume grown
+    #: past it is revalidated, also when the pass that grew it was killed.
+    size: int | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -101,7 +104,7 @@ class Binding:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Binding:
         return cls(str(d["nqn"]), int(d["nsid"]), str(d["uuid"]), str(d["nguid"]),
-                   str(d["pool"]), d.get("host"), Storage(**d["storage"]))
+                   str(d["pool"]), d.get("host"), Storage(**d["storage"]), d.get("size"))
 
 
 @dataclass(frozen=True)

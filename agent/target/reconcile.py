@@ -16,6 +16,7 @@ outcome.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterable
@@ -185,7 +186,7 @@ class TargetPass:
         scope = nvmet.Scope.owned(subsystem_prefix=self.prefix,
                                   port_ids=records.ports | port_ids,
                                   hosts=records.hosts | set(desired.hosts))
-        revalidate = self._revalidate(plans, failed, skip, desired)
+        revalidate = self._revalidate(ctx, plans, failed, skip, desired)
         try:
             actions = nvmet.plan(desired, live, scope, feats, revalidate)
         except PlanError as exc:
@@ -198,7 +199,7 @@ class TargetPass:
         assert feats is not None
         self._record_intent(records, live, desired, port_ids, plans, failed, skip)
         self._apply(actions, desired, scope, feats)
-        self._record_outcome(records, live, pools, failed)
+        self._record_outcome(records, live, pools, failed, plans, skip)
 
     def _context(self, pools: list[TargetPool], records: TargetRecords,
                  live: Tree) -> PassContext:
@@ -374,12 +375,23 @@ class TargetPass:
                     ports=list(ports.values()))
         return tree, accepted
 
-    def _revalidate(self, plans: dict[str, BackingPlan], failed: set[str],
+    def _revalidate(self, ctx: PassContext, plans: dict[str, BackingPlan], failed: set[str],
                     skip: set[tuple[str, Key]], desired: Tree) -> list[tuple[str, int]]:
+        """Namespaces whose volume grew: by a step now, or past the size nvmet last read
+        (a pass killed between growing a volume and telling nvmet)."""
         grown = {s.grown for name, p in plans.items() if name not in failed
                  for s in p.steps if s.grown and (name, s.volume) not in skip}
+        for name, plan in plans.items():
+            for vol in plan.volumes:
+                bound = ctx.records.bindings.get((pool_nqn(self.cfg, name, vol.host), vol.nsid))
+                if (name not in failed and (name, vol.key) not in skip and vol.size
+                        and bound and bound.size is not None and bound.size < vol.size):
+                    grown.add(vol.path)
+        live = {(sub.nqn, nsid) for sub in ctx.live.subsystems.values()
+                for nsid in sub.namespaces}
         return [(sub.nqn, ns.nsid) for sub in desired.subsystems.values()
-                for ns in sub.namespaces.values() if ns.device_path in grown]
+                for ns in sub.namespaces.values()
+                if ns.device_path in grown and (sub.nqn, ns.nsid) in live]
 
     # ------------------------------------------------------------------ apply
     def _apply(self, actions: list[Action], desired: Tree, scope: nvmet.Scope,
@@ -453,13 +465,16 @@ class TargetPass:
                 if (name, vol.key) in skip:
                     continue
                 nqn = pool_nqn(self.cfg, name, vol.host)
+                old = records.bindings.get((nqn, vol.nsid))
                 records.bindings[(nqn, vol.nsid)] = Binding(
-                    nqn, vol.nsid, vol.uuid, vol.nguid, name, vol.host, vol.storage)
+                    nqn, vol.nsid, vol.uuid, vol.nguid, name, vol.host, vol.storage,
+                    old.size if old is not None and _same_id(old.uuid, vol.uuid) else None)
         if repr(records.to_json()) != snapshot or records.read_schema != SCHEMA:
             records.save(self.state_dir)
 
     def _record_outcome(self, records: TargetRecords, before: Tree, pools: list[TargetPool],
-                        failed: set[str]) -> None:
+                        failed: set[str], plans: dict[str, BackingPlan],
+                        skip: set[tuple[str, Key]]) -> None:
         """After apply: forget ports and hosts that are gone, and the bindings of namespaces
         the config no longer exports (their identity is free again); record the pools."""
         if self.result.configfs_writes == 0:
@@ -481,6 +496,19 @@ class TargetPass:
                      for nsid in sub.namespaces}
         for key in [k for k in records.bindings if k not in wanted and k not in live_keys]:
             del records.bindings[key]
+        enabled = {(sub.nqn, nsid) for sub in after.subsystems.values()
+                   for nsid, ns in sub.namespaces.items() if ns.enable}
+        failed_paths = {a.subject for a in self.result.actions if a.status == "failed"}
+        for name, plan in plans.items():
+            for vol in plan.volumes:
+                key = (pool_nqn(self.cfg, name, vol.host), vol.nsid)
+                bound = records.bindings.get(key)
+                ns_path = f"subsystems/{key[0]}/namespaces/{key[1]}"
+                if (bound is not None and vol.size is not None and key in enabled
+                        and (name, vol.key) not in skip and name not in failed
+                        and not any(p.startswith(ns_path) for p in failed_paths)
+                        and _same_id(bound.uuid, vol.uuid)):
+                    records.bindings[key] = dataclasses.replace(bound, size=vol.size)
         for pool in pools:
             if pool.name not in failed:
                 records.pools[pool.name] = driver_for(pool).record(pool)

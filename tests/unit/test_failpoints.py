@@ -75,3 +75,21 @@ def test_named_points_raise_or_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
     failpoints.point("command.lvcreate")
     failpoints.point("somewhere.else")
     assert slept == [2.5]
+
+
+def test_a_trigger_can_count_one_kind_of_step(tmp_path: Path) -> None:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            failpoints.configure("kill-after=record#2")
+            fs = failpoints.wrap_configfs(FakeConfigFS())
+            fs.mkdir("hosts/nqn.2014-08.org.example:a")  # a step, not a record
+            write_json(tmp_path / "a.json", 1)
+            fs.mkdir("hosts/nqn.2014-08.org.example:b")
+            write_json(tmp_path / "b.json", 2)
+            write_json(tmp_path / "c.json", 3)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status)
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["a.json", "b.json"]

@@ -175,3 +175,29 @@ def test_a_device_serves_one_pool_only(target: Target, tmp_path: Path,
     assert target.fs.exists(f"subsystems/{nqn('gpu-1', 'fine')}/namespaces/2")
     assert not [e for e in target.fs.list("subsystems") if ":whole" in e.name or
                 ":carved" in e.name]
+
+
+def test_a_grow_killed_before_nvmet_heard_of_it_is_revalidated_later(
+        target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed between growing the files and telling nvmet: the next pass tells it."""
+    hosts = (("gpu-1", H1),)
+    assert target.run(config(tmp_path, [file_pool(tmp_path, hosts=hosts)])).ok
+
+    class Killed(BaseException):
+        pass
+
+    def killed(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise Killed
+
+    bigger = config(tmp_path, [file_pool(tmp_path, size="8MiB", hosts=hosts)])
+    with monkeypatch.context() as mp:
+        mp.setattr(reconcile.TargetPass, "_apply", killed)
+        with pytest.raises(Killed):
+            target.run(bigger)
+    assert (tmp_path / "files/kv/gpu-1/ns1.img").stat().st_size == 8 * MIB
+    later = target.run(bigger)
+    assert later.ok, later.errors
+    sub = f"subsystems/{nqn('gpu-1')}"
+    assert {p for _, p in target.ops("write")} == {
+        f"{sub}/namespaces/1/revalidate_size", f"{sub}/namespaces/2/revalidate_size"}
+    assert target.run(bigger).configfs_writes == 0

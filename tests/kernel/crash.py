@@ -1,0 +1,56 @@
+"""Helpers for crash tests: a pass in a child process killed after its k-th step.
+
+A child is forked from the test process (kvagent is already imported: no start-up
+cost per run), enables failpoints (``agent.failpoints``) and runs one apply. With
+``kill-after=k`` it dies by SIGKILL right after its k-th side effect — a configfs
+change, a command that changes something, a record write, a pool file step —
+exactly as a kill -9 or an OOM kill would leave it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent import failpoints
+from agent.config import load_config
+from agent.reconcile import run_pass
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a child pass ended, and the steps it took (from the failpoint log)."""
+
+    killed: bool
+    exit_code: int | None
+    steps: tuple[str, ...]
+
+
+def child_pass(config: Path, spec: str = "") -> Outcome:
+    """Run one apply in a forked child with failpoints ``spec``; wait for it."""
+    fd, log = tempfile.mkstemp(prefix="kvagent-steps-")
+    os.close(fd)
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 3
+        try:
+            failpoints.configure(f"log={log};{spec}")
+            result = run_pass(load_config(config), dry_run=False)
+            code = 0 if result.ok else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    steps = tuple(line.split("\t", 1)[1] for line in Path(log).read_text().splitlines())
+    os.unlink(log)
+    if os.WIFSIGNALED(status):
+        assert os.WTERMSIG(status) == signal.SIGKILL, f"child died of signal {status}"
+        return Outcome(True, None, steps)
+    return Outcome(False, os.WEXITSTATUS(status), steps)
+
+
+def ci_log(line: str) -> None:
+    """A line the kernel-tier plugin copies into the CI log."""
+    print(f"KVAGENT-CI-LOG: {line}", flush=True)

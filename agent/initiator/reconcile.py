@@ -462,8 +462,29 @@ class InitiatorPass:
                     f"not unmounting {mount}: {entry.source} ({entry.fstype}) is mounted there, "
                     f"which is not a device of pool {name}",
                     "kvagent only unmounts what it mounted; unmount it yourself if it should go")
+            self._check_reachable(name, mount, record)
             if self.dry_run or unmount(mount, self.runner, self.seams.mountinfo):
                 self._act(name, "umount", mount)
+
+    def _check_reachable(self, name: str, mount: str, record: PoolAttachment) -> None:
+        """Refuse to unmount a pool none of whose controllers is live.
+
+        Unmounting flushes the filesystem; with the storage host gone and the kernel
+        still reconnecting (``ctrl_loss_tmo``), that I/O waits — umount would hang in
+        the kernel, beyond any timeout. The pool is reported instead.
+        """
+        subs = {s.subsysnqn for s in record.subsystems}
+        ctrls = [c for c in self.sysfs.controllers()
+                 if c.subsysnqn in subs and c.hostnqn == record.hostnqn]
+        if not ctrls or any(c.state == "live" for c in ctrls):
+            return
+        states = ", ".join(f"{c.name} {c.state}" for c in ctrls)
+        raise KvagentError(
+            f"not unmounting {mount} of pool {name}: no controller of the pool is live "
+            f"({states}); unmounting would wait for storage that does not answer",
+            "kvagent detaches once the storage host answers again; to give up on its data "
+            "now, disconnect the pool's controllers (nvme disconnect -n NQN: pending I/O "
+            "fails) and apply again")
 
     def _is_pool_mount(self, name: str, entry: MountEntry, record: PoolAttachment) -> bool:
         dev = Path(self.cfg.node.sysfs) / "dev/block" / entry.device

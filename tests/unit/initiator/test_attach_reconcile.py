@@ -445,3 +445,17 @@ def test_an_unexpected_error_fails_that_pool_only(host: FakeHost,
     assert [(e.pool, e.message) for e in result.errors] == [("kv", "ZeroDivisionError: a bug")]
     assert state(host)["kv"].subsystems, "what was connected is recorded for a detach"
     assert state(host)["two"].complete
+
+
+def test_detach_never_unmounts_over_a_dead_controller(host: FakeHost) -> None:
+    """Storage host gone, the kernel reconnecting: umount would hang; kvagent reports."""
+    assert run(host, pool_yaml(host)).ok
+    host.set_state("nvme2", "connecting")
+    result = run(host)
+    (error,) = result.errors
+    assert "no controller of the pool is live (nvme2 connecting)" in error.message
+    assert "nvme disconnect" in (error.hint or "")
+    assert host.runner.ran("umount") == [] and len(host.mounts()) == 2
+    assert "kv" in state(host), "still recorded: detached once the storage answers"
+    host.set_state("nvme2", "live")
+    assert run(host).ok and host.mounts() == {} and state(host) == {}

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import tempfile
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +42,11 @@ def child_pass(config: Path, spec: str = "") -> Outcome:
             failpoints.configure(f"log={log};{spec}")
             result = run_pass(load_config(config), dry_run=False)
             code = 0 if result.ok else 1
+            if not result.ok:
+                print(f"child pass errors: {result.errors}", file=sys.stderr, flush=True)
+        except BaseException:
+            traceback.print_exc()
+            sys.stderr.flush()
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)

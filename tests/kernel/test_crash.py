@@ -46,7 +46,7 @@ node: {{name: lab, nqn_prefix: {PREFIX}, state_dir: {lab.state}, run_dir: {lab.r
 target:
   ports: {"[{name: p, id: 1, transport: tcp, address: 127.0.0.1, service: 4420}]"
           if storage else "[]"}
-  pools: [{pools}]
+  pools: {pools or "[]"}
 """
     if gpu:
         target = "{transport: tcp, address: 127.0.0.1, service: 4420}"
@@ -80,6 +80,7 @@ class Foreign:
                      ("trsvcid", "4429")):
             kit.write(port / f"addr_{k}", v)
         os.symlink(sub, port / "subsystems" / FOREIGN_NQN)
+        kit.modprobe("loop")
         self.loops = []
         for name in ("lvm", "ext4"):
             img = root / f"foreign-{name}.img"

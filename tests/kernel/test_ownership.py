@@ -177,14 +177,13 @@ def test_changed_volume_group_and_directory_are_refused(lab: Lab) -> None:
         assert_ok(lab.apply())
         before = {p: namespaces(nqn(p)) for p in ("lv", "fl")}
 
-        (lab.root / "files2").mkdir()
-        write(lab, pools("kvown2", "files2"))
+        write(lab, pools("kvown2", "files/moved"))
         refused = lab.apply()
         messages = {e.pool: e.message for e in refused.errors}
         assert set(messages) == {"lv", "fl"}, refused.errors
         assert "/dev/kvown1/kv_lv_lab_1" in messages["lv"]
         assert "/dev/kvown2/kv_lv_lab_1" in messages["lv"]
-        assert f"{lab.root}/files2/fl/lab/ns1.img" in messages["fl"]
+        assert f"{lab.root}/files/moved/fl/lab/ns1.img" in messages["fl"]
         for m in messages.values():
             assert m.startswith(("pool lv: refusing to move namespace 1",
                                  "pool fl: refusing to move namespace 1"))
@@ -192,10 +191,11 @@ def test_changed_volume_group_and_directory_are_refused(lab: Lab) -> None:
         assert {p: namespaces(nqn(p)) for p in ("lv", "fl")} == before
         lvs = kit.sh("lvs", "--noheadings", "-o", "lv_name", "kvown2").stdout.split()
         assert lvs == [], "storage was made for a refused namespace"
-        assert not (lab.root / "files2/fl").exists()
+        assert not (lab.root / "files/moved").exists()
         write(lab)
         assert_ok(lab.apply())
     finally:
+        clear_nvmet()
         for vg, dev in vg_devs.items():
             remove_volume_group(vg, dev)
 

@@ -466,8 +466,11 @@ class TargetPass:
                     continue
                 nqn = pool_nqn(self.cfg, name, vol.host)
                 old = records.bindings.get((nqn, vol.nsid))
+                # The storage by kind and path only: its description changes once it exists
+                # (a new LV gets an LVM uuid), its identity (vol.uuid) does not.
                 records.bindings[(nqn, vol.nsid)] = Binding(
-                    nqn, vol.nsid, vol.uuid, vol.nguid, name, vol.host, vol.storage,
+                    nqn, vol.nsid, vol.uuid, vol.nguid, name, vol.host,
+                    Storage(vol.storage.kind, vol.storage.path),
                     old.size if old is not None and _same_id(old.uuid, vol.uuid) else None)
         if repr(records.to_json()) != snapshot or records.read_schema != SCHEMA:
             records.save(self.state_dir)

@@ -203,18 +203,25 @@ def run_case(name: str, lab: Lab, cfg: Path, reset, check, foreign: Foreign) -> 
     ci_log(f"crash matrix {name}: {n} steps")
     started = time.monotonic()
     for k in range(1, n + 1):
+        t0 = time.monotonic()
         reset()
+        t1 = time.monotonic()
         killed = child_pass(cfg, f"kill-after={k}")
         assert killed.killed, f"{name} k={k}: the pass ended before step {k}"
+        t2 = time.monotonic()
         recovered = child_pass(cfg)
         assert recovered.exit_code == 0, f"{name} k={k} ({steps[k - 1]}): recovery failed"
+        t3 = time.monotonic()
         again = child_pass(cfg)
         assert again.exit_code == 0 and side_effects(again) == [], (
             f"{name} k={k} ({steps[k - 1]}): not converged: {side_effects(again)}")
+        t4 = time.monotonic()
         check()
         foreign.check()
         ci_log(f"crash matrix {name} k={k}/{n} after {steps[k - 1]}: killed; recovered with "
-               f"{len(side_effects(recovered))} step(s); then converged")
+               f"{len(side_effects(recovered))} step(s); then converged "
+               f"[reset {t1 - t0:.1f}s killed {t2 - t1:.1f}s recovery {t3 - t2:.1f}s "
+               f"again {t4 - t3:.1f}s checks {time.monotonic() - t4:.1f}s]")
     ci_log(f"crash matrix {name}: {n} kills in {time.monotonic() - started:.0f}s")
     return n
 

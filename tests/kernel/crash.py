@@ -17,8 +17,13 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+# Everything a pass imports, imported once here: a forked child then pays nothing for
+# imports (under TCG, over the VM's 9p root, importing kvagent takes a minute).
+import agent.engines.handoff
+import agent.initiator.reconcile
+import agent.target.reconcile  # noqa: F401
 from agent import failpoints
-from agent.config import load_config
+from agent.config import Config
 from agent.reconcile import run_pass
 
 
@@ -31,8 +36,8 @@ class Outcome:
     steps: tuple[str, ...]
 
 
-def child_pass(config: Path, spec: str = "") -> Outcome:
-    """Run one apply in a forked child with failpoints ``spec``; wait for it."""
+def child_pass(config: Config, spec: str = "") -> Outcome:
+    """Run one apply of ``config`` in a forked child with failpoints ``spec``; wait."""
     fd, log = tempfile.mkstemp(prefix="kvagent-steps-")
     os.close(fd)
     pid = os.fork()
@@ -40,7 +45,7 @@ def child_pass(config: Path, spec: str = "") -> Outcome:
         code = 3
         try:
             failpoints.configure(f"log={log};{spec}")
-            result = run_pass(load_config(config), dry_run=False)
+            result = run_pass(config, dry_run=False)
             code = 0 if result.ok else 1
             if not result.ok:
                 print(f"child pass errors: {result.errors}", file=sys.stderr, flush=True)

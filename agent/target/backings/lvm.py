@@ -91,13 +91,23 @@ def list_volume_groups(runner: Runner) -> dict[str, VolumeGroup]:
 
 def list_owned_volumes(runner: Runner) -> list[LogicalVolume]:
     """Every LV carrying kvagent's owner tag, in any volume group."""
+    return owned_volumes_and_groups(runner)[0]
+
+
+def owned_volumes_and_groups(runner: Runner) -> tuple[list[LogicalVolume],
+                                                      dict[str, VolumeGroup]]:
+    """kvagent's LVs and the volume groups that hold them, from one ``lvs`` (one device
+    scan: a converged pass needs no ``vgs``)."""
     rows = _report(runner, ["lvs", "--reportformat", "json", "--units", "b", "--nosuffix",
-                            "-o", "lv_name,vg_name,lv_path,lv_size,lv_tags,lv_uuid",
-                            f"@{LVM_OWNER_TAG}"], "lv")
+                            "-o", "lv_name,vg_name,lv_path,lv_size,lv_tags,lv_uuid,vg_size,"
+                            "vg_free,vg_extent_size,vg_tags", f"@{LVM_OWNER_TAG}"], "lv")
     vols = [LogicalVolume(r["lv_name"], r["vg_name"], r["lv_path"] or
                           f"/dev/{r['vg_name']}/{r['lv_name']}", int(r["lv_size"]),
                           _tags(r["lv_tags"]), r.get("lv_uuid", "")) for r in rows]
-    return [v for v in vols if v.owned]
+    groups = {r["vg_name"]: VolumeGroup(r["vg_name"], int(r["vg_size"]), int(r["vg_free"]),
+                                        int(r["vg_extent_size"]), _tags(r["vg_tags"]))
+              for r in rows if r.get("vg_size") and r.get("vg_extent_size")}
+    return [v for v in vols if v.owned], groups
 
 
 def _round_up(size: int, extent: int) -> int:
@@ -140,10 +150,18 @@ class LvmDriver:
     def where(self, record: PoolRecord) -> str:
         return str(record.params.get("volume_group", "?"))
 
-    def _lvm(self, ctx: PassContext) -> tuple[dict[str, VolumeGroup], list[LogicalVolume]]:
+    def _lvm(self, ctx: PassContext,
+             vg: str | None = None) -> tuple[dict[str, VolumeGroup], list[LogicalVolume]]:
+        """kvagent's LVs and the groups that hold them (once per pass); every group only
+        when ``vg`` is not among those (``vgs`` is then asked once)."""
         if "lvm" not in ctx.cache:
-            ctx.cache["lvm"] = (list_volume_groups(ctx.runner), list_owned_volumes(ctx.runner))
-        return ctx.cache["lvm"]
+            owned, groups = owned_volumes_and_groups(ctx.runner)
+            ctx.cache["lvm"] = (groups, owned, False)
+        groups, owned, complete = ctx.cache["lvm"]
+        if vg is not None and vg not in groups and not complete:
+            groups = {**list_volume_groups(ctx.runner), **groups}
+            ctx.cache["lvm"] = (groups, owned, True)
+        return groups, owned
 
     def plan(self, ctx: PassContext, pool: TargetPool) -> BackingPlan:
         """Volumes and steps (create the VG on blank devices, create/extend/tag LVs).
@@ -155,7 +173,7 @@ class LvmDriver:
         assert isinstance(backing, LvmBacking) and pool.namespaces is not None
         runner = ctx.runner
         plan = BackingPlan()
-        vgs, owned = self._lvm(ctx)
+        vgs, owned = self._lvm(ctx, backing.volume_group)
         creating: dict[str, tuple[str, tuple[str, ...]]] = ctx.cache.setdefault(
             "lvm.creating", {})
         vg = vgs.get(backing.volume_group)

@@ -444,3 +444,16 @@ def test_device_pool_layout_is_per_host_and_pure(tmp_path: Path) -> None:
     pool = cfg.target.pools[0]
     assert DRIVERS["device"].layout(pool, TargetRecords()) == {"gpu-2": (1, 2)}
     assert not os.path.exists("/dev/disk/by-id/x"), "layout touched no device"
+
+
+def test_a_converged_lvm_pool_costs_one_lvm_command() -> None:
+    """``lvs`` reports the groups of kvagent's LVs too: no ``vgs`` (one device scan less)."""
+    tags = "kvagent,kvagent_pool=kv,kvagent_host=gpu-1,kvagent_ns=1,kvagent_uuid=u,kvagent_nguid=g"
+    row = {"lv_name": "kv_kv_gpu-1_1", "vg_name": "vg0", "lv_path": "/dev/vg0/kv_kv_gpu-1_1",
+           "lv_size": str(GIB), "lv_tags": tags, "lv_uuid": "x", "vg_size": str(200 * GIB),
+           "vg_free": str(GIB), "vg_extent_size": str(4 << 20), "vg_tags": ""}
+    runner = FakeRunner().on(["lvs"], stdout=json.dumps({"report": [{"lv": [row]}]}))
+    cfg = lvm_cfg(count=1)
+    plan = plan_of(cfg, context(cfg, runner))
+    assert not plan.errors and not plan.steps
+    assert [c[0] for c in runner.calls] == ["lvs"]

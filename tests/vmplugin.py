@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,9 @@ REPO = Path(__file__).resolve().parent.parent
 IN_GUEST = os.environ.get("KVAGENT_IN_VM") == "1" or os.environ.get("KVAGENT_REAL_HOST") == "1"
 DEFAULT_GROUP = "main"
 GUEST_TIMEOUT = int(os.environ.get("KVAGENT_VM_TIMEOUT", "2400"))
+#: VMs that run at once. A TCG guest keeps about one host core busy (the tests in it
+#: run one thing at a time), so two groups at once use a 2-core machine fully.
+PARALLEL = max(1, int(os.environ.get("KVAGENT_VM_PARALLEL", "2")))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -39,6 +43,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def group_of(item: pytest.Item) -> str:
     marker = item.get_closest_marker("kernel")
     return (marker.kwargs.get("group") if marker else None) or DEFAULT_GROUP
+
+
+def weight_of(item: pytest.Item) -> int:
+    """How long a group's VM runs, roughly (``weight=`` on the marker): heavy ones start
+    first, so that the parallel VMs finish together."""
+    marker = item.get_closest_marker("kernel")
+    return int(marker.kwargs.get("weight", 1)) if marker else 1
 
 
 # ---------------------------------------------------------------- guest side
@@ -76,23 +87,39 @@ def pytest_configure(config: pytest.Config) -> None:
 # ----------------------------------------------------------------- host side
 
 class KernelTier:
-    """Boots one VM per group of kernel tests and hands out the guest's results."""
+    """Boots one VM per group of kernel tests (``PARALLEL`` at a time) and hands out the
+    guest's results."""
 
     def __init__(self, config: pytest.Config):
         self.config = config
         self.groups: dict[str, list[pytest.Item]] = {}
         self.results: dict[str, dict[str, Any]] = {}
         self.failures: dict[str, str] = {}
+        self.futures: dict[str, Future[list[str]]] = {}
+        self.pool: ThreadPoolExecutor | None = None
 
     def results_for(self, item: pytest.Item) -> tuple[dict[str, Any] | None, str | None]:
         group = group_of(item)
-        if group not in self.results and group not in self.failures:
-            self._run_group(group)
+        if self.pool is None:
+            self._start_all()
+        future = self.futures.pop(group, None)
+        if future is not None:
+            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+            for line in future.result():  # report in the main thread, group by group
+                if reporter:
+                    reporter.write_line(line)
         if group in self.failures:
             return None, self.failures[group]
         return self.results[group].get(item.nodeid), None
 
-    def _run_group(self, group: str) -> None:
+    def _start_all(self) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="kv-vm")
+        heavy_first = sorted(self.groups, key=lambda g: -max(weight_of(i)
+                                                             for i in self.groups[g]))
+        for group in heavy_first:
+            self.futures[group] = self.pool.submit(self._run_group, group)
+
+    def _run_group(self, group: str) -> list[str]:
         items = self.groups[group]
         out = Path(tempfile.mkdtemp(prefix=f"kvagent-kernel-{group}-"))
         report = out / "report.json"
@@ -103,20 +130,16 @@ class KernelTier:
                  "--kv-guest-report", str(report), *[i.nodeid for i in items]]
         argv = [sys.executable, str(REPO / "scripts/vm"), "--out", str(out), "--quiet",
                 "--log", str(log), "--timeout", str(GUEST_TIMEOUT), "--", *inner]
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter:
-            reporter.write_line(f"[kernel tier] booting a VM for group {group!r} "
-                                f"({len(items)} tests); guest log: {log}")
+        lines = [f"[kernel tier] group {group!r} ({len(items)} tests); guest log: {log}"]
         proc = subprocess.run(argv, cwd=REPO, stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               check=False)
-        if reporter:
-            reporter.write_line(f"[kernel tier] group {group!r}: {proc.stdout.strip()}")
-        if reporter and log.exists():
+        lines.append(f"[kernel tier] group {group!r}: {proc.stdout.strip()}")
+        if log.exists():
             # Lines a kernel test marks for the CI log (e.g. the Ansible recaps).
             for line in log.read_text(errors="replace").splitlines():
                 if line.startswith("KVAGENT-CI-LOG: "):
-                    reporter.write_line(f"[kernel tier] {line[len('KVAGENT-CI-LOG: '):]}")
+                    lines.append(f"[kernel tier] {line[len('KVAGENT-CI-LOG: '):]}")
         if report.exists():
             self.results[group] = json.loads(report.read_text())
         else:
@@ -126,6 +149,7 @@ class KernelTier:
                 f"(scripts/vm exit {proc.returncode}):\n{proc.stdout}\n--- guest log tail ---\n"
                 f"{tail}"
             )
+        return lines
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
@@ -139,6 +163,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     for item in kernel:
         tier.groups.setdefault(group_of(item), []).append(item)
     config.stash[_TIER] = tier
+    # The VMs start now, in the background: host-side tests (power cuts) run meanwhile.
+    if not config.option.collectonly:
+        tier._start_all()
     # Keep each group contiguous so its VM's results are used while fresh.
     order = {g: n for n, g in enumerate(tier.groups)}
     others = [i for i in items if not i.get_closest_marker("kernel")]

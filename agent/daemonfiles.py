@@ -223,6 +223,7 @@ def wait_result(run_dir: str | os.PathLike[str], request_id: str, daemon: Daemon
                                f"apply request {request_id}",
                                "see its log (journalctl -u kvagent); run kvagent apply again")
         if elapsed > timeout:
+            _remove(run_dir, REQUEST_PREFIX + request_id)  # nobody will read an answer
             raise KvagentError(
                 f"the agent (pid {daemon.pid}) has not answered apply request {request_id} "
                 f"after {timeout:g}s (a long pass, or the agent is stuck)",

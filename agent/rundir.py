@@ -129,31 +129,34 @@ def open_private_file(dir_fd: int, name: str, display: Path, flags: int) -> int:
 
 
 # ------------------------------------------------------------- processes
-def process_start_time(pid: int) -> int | None:
-    """The start time of ``pid`` (clock ticks since boot), or None when it does not exist.
-
-    A pid plus its start time names one process: a reused pid has another start time.
-    """
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` from field 3 (state) on, or None when there is no such process."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
         return None
     # comm (field 2) may hold spaces and parentheses: fields resume after the last ')'.
-    fields = text[text.rfind(")") + 2:].split()
+    return text[text.rfind(")") + 2:].split()
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time of ``pid`` (clock ticks since boot), or None when it does not exist.
+
+    A pid plus its start time names one process: a reused pid has another start time.
+    """
+    fields = _stat_fields(pid)
     try:
-        return int(fields[19])  # field 22, starttime
+        return int(fields[19]) if fields else None  # field 22, starttime
     except (IndexError, ValueError):
         return None
 
 
 def process_alive(pid: int, start_time: int | None) -> bool:
-    """Whether process ``pid`` still exists and is the one that started at ``start_time``."""
-    if pid <= 0:
+    """Whether ``pid`` still runs (not a zombie) and is the one started at ``start_time``."""
+    fields = _stat_fields(pid) if pid > 0 else None
+    if not fields or fields[0] in ("Z", "X"):
         return False
-    now = process_start_time(pid)
-    if now is None:
-        return False
-    return start_time is None or now == start_time
+    return start_time is None or process_start_time(pid) == start_time
 
 
 def process_uid(pid: int) -> int | None:

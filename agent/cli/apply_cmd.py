@@ -68,7 +68,8 @@ def lock_wait_message(what: str) -> Callable[[LockHolder | None], None]:
 @click.command("apply")
 @click.option("--dry-run", is_flag=True, help="Only show what would change (same as plan).")
 @click.option("--wait", "wait_lock", is_flag=True,
-              help="Wait for another running apply instead of failing as busy.")
+              help="Wait (up to 10 minutes) for another running apply instead of failing "
+                   "as busy; through the agent too.")
 @click.option("--rebind", "rebind", multiple=True, metavar="POOL",
               help="Let namespaces of target pool POOL move to the storage the config now "
                    "names (refused otherwise); they get a new identity, so GPU hosts see new "

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import KvagentError
-from .rundir import open_private_file, private_dir, process_command, process_uid, user_name
+from .rundir import (
+    open_private_file,
+    private_dir,
+    process_alive,
+    process_command,
+    process_uid,
+    user_name,
+)
 
 #: The lock file's name in node.run_dir.
 LOCK_FILE = "apply.lock"
@@ -139,11 +146,37 @@ def lock_holder(path: str | os.PathLike[str]) -> LockHolder | None:
         except ValueError:
             continue
         if fields[5] == dev:
-            return _describe(pid, st.st_uid)
+            return _describe(_living(pid, fields[5]), st.st_uid)
         if fields[5].rsplit(":", 1)[-1] == str(st.st_ino):
             same_inode.append(pid)
     # Stacked filesystems (overlayfs) may show another device than stat(): match the inode.
-    return _describe(same_inode[0], st.st_uid) if len(same_inode) == 1 else None
+    if len(same_inode) != 1:
+        return None
+    return _describe(_living(same_inode[0], f":{st.st_ino}"), st.st_uid)
+
+
+def _living(pid: int, key: str) -> int:
+    """The process holding the lock now.
+
+    /proc/locks names the process that took a flock; it may have exited while a child
+    that inherited the descriptor keeps the lock (``flock FILE cmd &`` and the like).
+    Then the holder is the process whose ``/proc/<pid>/fdinfo`` lists the lock.
+    """
+    if pid <= 0 or process_alive(pid, None):
+        return pid
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for info in (entry / "fdinfo").iterdir():
+                text = info.read_text()
+                if "lock:" in text and any(
+                        line.startswith("lock:") and line.split()[6].endswith(key)
+                        for line in text.splitlines() if len(line.split()) > 6):
+                    return int(entry.name)
+        except (OSError, ValueError):
+            continue
+    return pid
 
 
 def _describe(pid: int, owner_uid: int) -> LockHolder:

@@ -7,7 +7,10 @@ it read-only and flock it, and Busy named whatever pid the file contained.
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -162,3 +165,32 @@ def test_wait_reports_the_holder_once(tmp_path: Path) -> None:
         pass
     t.join()
     assert seen and all(h is not None and h.pid == os.getpid() for h in seen)
+
+
+def test_holder_is_the_process_that_kept_the_lock_when_its_taker_exited(
+        tmp_path: Path) -> None:
+    """``flock FILE cmd &`` style: the locker exits, a child keeps the descriptor and lock.
+
+    /proc/locks still names the exited locker; the holder is found by its fdinfo.
+    """
+    run = tmp_path / "run"
+    with apply_lock(run):
+        pass
+    lock = run / "apply.lock"
+    script = ("import fcntl, os, subprocess\n"
+              f"fd = os.open({str(lock)!r}, os.O_RDONLY)\n"
+              "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+              "child = subprocess.Popen(['sleep', '60'], pass_fds=[fd], stdin=subprocess.DEVNULL,\n"
+              "                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+              "print(child.pid, flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, timeout=60)
+    child = int(out.stdout)
+    try:
+        holder = lock_holder(lock)
+        assert holder is not None and holder.pid == child
+        assert holder.command == "sleep 60"
+        with pytest.raises(Busy, match=f"pid {child}, "), apply_lock(run):
+            pytest.fail("two holders")
+    finally:
+        os.kill(child, signal.SIGKILL)

@@ -109,17 +109,18 @@ def test_apply_while_the_agent_runs_keeps_the_new_config(lab: Lab) -> None:
         lab.write(config(lab, port, run_dir, count=2))  # the operator's edit
         done = lab.cli("-o", "json", "apply")
         assert done.returncode == 0, done.stderr
-        assert f"the agent (pid {proc.pid}) runs with {lab.config}" in done.stderr
         result = json.loads(done.stdout)
         assert result["ok"] and result["changed"], result
         assert enabled_namespaces() == [1, 2]
-        assert metric(port, "kvagent_config_reloads_total") == 1
 
         # Two more of the agent's passes (2 s interval): the new namespace stays.
         runs = metric(port, "kvagent_apply_runs_total") or 0
         wait_until(lambda: (metric(port, "kvagent_apply_runs_total") or 0) >= runs + 2, 60,
                    "two more passes of the agent")
-        assert enabled_namespaces() == [1, 2]
+        assert enabled_namespaces() == [1, 2], "the agent undid the apply"
+        # It was the agent that applied: apply asked it to reload.
+        assert f"the agent (pid {proc.pid}) runs with {lab.config}" in done.stderr
+        assert metric(port, "kvagent_config_reloads_total") == 1
         status = json.loads(lab.cli("-o", "json", "status", "--no-drives").stdout)
         (pool,) = status["pools"]
         assert pool["target"]["namespaces"] == {"expected": 2, "present": 2, "enabled": 2}

@@ -104,12 +104,17 @@ class Agent:
         signal.signal(signal.SIGINT, lambda *_: self.events.put("stop"))
 
     # ------------------------------------------------------------------- steps
-    def reconcile(self, *, wait_for_lock: bool = False) -> RunResult | KvagentError:
-        """One apply pass (never raises) and a fresh snapshot; returns the pass's outcome."""
+    def reconcile(self, *, wait_for_lock: bool = False,
+                  rebind: tuple[str, ...] = ()) -> RunResult | KvagentError:
+        """One apply pass (never raises) and a fresh snapshot; returns the pass's outcome.
+
+        ``wait_for_lock`` and ``rebind`` come from ``kvagent apply`` requests (this pass only).
+        """
         started = time.time()
         try:
             result = run_pass(self.cfg, dry_run=False, runner=self.runner,
-                              wait_for_lock=wait_for_lock, on_lock_wait=self._lock_wait)
+                              wait_for_lock=wait_for_lock, rebind=rebind,
+                              on_lock_wait=self._lock_wait)
         except Busy as exc:
             self._skipped(exc)
             self.collect()
@@ -224,7 +229,9 @@ class Agent:
             self._restart_server()
         if str(new.node.run_dir) != self.run_dir:
             self._move_run_dir(str(new.node.run_dir))
-        outcome = self.reconcile(wait_for_lock=any(r.wait for r in requests))
+        outcome = self.reconcile(
+            wait_for_lock=any(r.wait for r in requests),
+            rebind=tuple(sorted({p for r in requests for p in r.rebind})))
         if isinstance(outcome, RunResult):
             payload: dict[str, Any] = {"result": outcome.to_json()}
         else:

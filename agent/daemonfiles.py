@@ -166,13 +166,17 @@ class ApplyRequest:
     id: str
     pid: int
     wait: bool
+    #: Target pools whose namespaces may move to other storage in this pass (--rebind).
+    rebind: tuple[str, ...] = ()
 
 
-def new_request(run_dir: str | os.PathLike[str], *, wait: bool) -> str:
+def new_request(run_dir: str | os.PathLike[str], *, wait: bool,
+                rebind: tuple[str, ...] = ()) -> str:
     """Write a request (before signalling the daemon) and return its id."""
     request_id = secrets.token_hex(8)
     _write(run_dir, REQUEST_PREFIX + request_id,
-           {"id": request_id, "pid": os.getpid(), "wait": wait, "requested_at": time.time()})
+           {"id": request_id, "pid": os.getpid(), "wait": wait, "rebind": list(rebind),
+            "requested_at": time.time()})
     return request_id
 
 
@@ -189,8 +193,10 @@ def take_requests(run_dir: str | os.PathLike[str]) -> list[ApplyRequest]:
         _remove(run_dir, name)
         if not _ID.fullmatch(request_id) or not isinstance(data, dict):
             continue
+        rebind = data.get("rebind") or []
         found.append(ApplyRequest(request_id, int(data.get("pid") or 0),
-                                  bool(data.get("wait"))))
+                                  bool(data.get("wait")),
+                                  tuple(str(p) for p in rebind if isinstance(p, str))))
     return found
 
 

@@ -99,7 +99,7 @@ def apply(ctx: click.Context, dry_run: bool, wait_lock: bool, rebind: tuple[str,
     result = None
     if not dry_run:
         path = config_path(ctx.find_root().obj.get("config_file"))
-        result = delegate_apply(cfg, path, wait=wait_lock)
+        result = delegate_apply(cfg, path, wait=wait_lock, rebind=rebind)
     if result is None:
         result = run_pass(cfg, dry_run=dry_run, wait_for_lock=wait_lock, rebind=rebind,
                           on_lock_wait=lock_wait_message("apply"))

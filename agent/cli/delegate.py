@@ -47,6 +47,7 @@ def running_agent(cfg: Config) -> DaemonInfo | None:
 
 
 def delegate_apply(cfg: Config, config_file: Path, *, wait: bool,
+                   rebind: tuple[str, ...] = (),
                    timeout: float = DELEGATE_TIMEOUT) -> RunResult | None:
     """The agent's result for this apply, or None when no agent runs (apply locally).
 
@@ -62,7 +63,7 @@ def delegate_apply(cfg: Config, config_file: Path, *, wait: bool,
             "next pass",
             f"edit {agent.config} and run 'kvagent -c {agent.config} apply' (or systemctl "
             "reload kvagent), or stop the agent first")
-    request = new_request(cfg.node.run_dir, wait=wait)
+    request = new_request(cfg.node.run_dir, wait=wait, rebind=rebind)
     try:
         os.kill(agent.pid, signal.SIGHUP)
     except ProcessLookupError:

@@ -35,6 +35,7 @@ from agent.rundir import process_start_time
 from tests.unit.fakerunner import FakeRunner
 
 ROOT = Path(__file__).resolve().parents[2]
+HOST = "nqn.2014-08.org.nvmexpress:uuid:2b7e1a3c-0d4f-4b6a-9c1e-5f2a7d9e0b11"
 
 
 def free_port() -> int:
@@ -320,3 +321,36 @@ def test_pool_destroy_holds_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert busy.exit_code == 1 and calls == [True], "nothing destroyed while busy"
     assert "kvagent: pool destroy waits for the apply lock (held by pid" in busy.stderr
     assert "gave up after 0.5s waiting for the apply lock" in busy.stderr
+
+
+def test_rebind_and_wait_travel_with_the_request(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """apply --rebind POOL --wait through the agent: its pass gets both, that pass only."""
+    agent = in_process(tmp_path, monkeypatch)
+    config = tmp_path / "kvagent.yaml"
+    config.write_text(config_text(tmp_path, free_port()) + f"""
+target:
+  ports: [{{name: lo, id: 1, transport: tcp, address: 127.0.0.1}}]
+  pools:
+    - name: kv
+      backing: {{kind: file, directory: {tmp_path}/files}}
+      namespaces: {{count: 1, size: 64MiB}}
+      ports: [lo]
+      hosts: [{{name: h1, nqn: "{HOST}"}}]
+""")
+    seen: list[dict] = []
+
+    def fake_pass(cfg, **kwargs):  # type: ignore[no-untyped-def]
+        from agent.result import RunResult
+
+        seen.append({k: kwargs[k] for k in ("wait_for_lock", "rebind")})
+        result = RunResult(dry_run=False)
+        result.finished_at = time.time()
+        return result
+
+    monkeypatch.setattr("agent.daemon.run_pass", fake_pass)
+    done = CliRunner().invoke(main, ["-c", str(config), "apply", "--rebind", "kv", "--wait"])
+    assert done.exit_code == 0, done.output
+    assert seen == [{"wait_for_lock": True, "rebind": ("kv",)}]
+    agent.reconcile()  # the agent's next pass on its own: neither
+    assert seen[-1] == {"wait_for_lock": False, "rebind": ()}

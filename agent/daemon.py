@@ -50,7 +50,7 @@ UDEV_DEBOUNCE = 0.5
 class UdevFeed:
     """Puts ``"udev"`` on the loop's queue for nvme/block device events (if pyudev works)."""
 
-    def __init__(self, events: queue.Queue[str]):
+    def __init__(self, events: queue.SimpleQueue[str]):
         self.events = events
         self._observer: Any = None
 
@@ -86,7 +86,10 @@ class Agent:
         self.notifier = notifier or notify.Notifier()
         self.clock = clock
         self.store = SnapshotStore()
-        self.events: queue.Queue[str] = queue.Queue()
+        # SimpleQueue: its put() is reentrant, so the signal handlers may put while the
+        # loop's own get() is interrupted (queue.Queue's lock would deadlock there), and
+        # kvagent apply sends SIGHUP whenever an operator applies.
+        self.events: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.counters = LoopCounters()
         self.config_error: str | None = None
         self.last_apply: ApplySummary | None = None

@@ -354,3 +354,22 @@ target:
     assert seen == [{"wait_for_lock": True, "rebind": ("kv",)}]
     agent.reconcile()  # the agent's next pass on its own: neither
     assert seen[-1] == {"wait_for_lock": False, "rebind": ()}
+
+
+def test_agent_record_follows_a_reloaded_run_dir(tmp_path: Path) -> None:
+    config = tmp_path / "kvagent.yaml"
+    port = free_port()
+    config.write_text(config_text(tmp_path, port, interval="1h"))
+    agent = Agent(str(config), load_config(config), runner=FakeRunner(),
+                  notifier=Notifier(env={}))
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    wait_for(lambda: live_daemon(tmp_path / "run"), 30, "the agent's record")
+    config.write_text(config_text(tmp_path, port, interval="1h", run_dir=tmp_path / "run2"))
+    agent.events.put("reload")
+    wait_for(lambda: live_daemon(tmp_path / "run2"), 30, "the record in the new run dir")
+    assert live_daemon(tmp_path / "run") is None
+    assert not (tmp_path / "run" / DAEMON_RECORD).exists()
+    agent.events.put("stop")
+    thread.join(timeout=30)
+    assert not (tmp_path / "run2" / DAEMON_RECORD).exists()

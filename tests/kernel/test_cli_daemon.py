@@ -115,9 +115,9 @@ def test_apply_while_the_agent_runs_keeps_the_new_config(lab: Lab) -> None:
         assert enabled_namespaces() == [1]
 
         lab.write(config(lab, port, run_dir, count=2))  # the operator's edit
-        done = lab.cli("-o", "json", "apply")
-        assert done.returncode == 0, done.stderr
-        result = json.loads(done.stdout)
+        code, out, err = cli(lab, "-o", "json", "apply")
+        assert code == 0, err
+        result = json.loads(out)
         assert result["ok"] and result["changed"], result
         assert enabled_namespaces() == [1, 2]
 
@@ -127,7 +127,7 @@ def test_apply_while_the_agent_runs_keeps_the_new_config(lab: Lab) -> None:
                    "two more passes of the agent")
         assert enabled_namespaces() == [1, 2], "the agent undid the apply"
         # It was the agent that applied: apply asked it to reload; it expects 2 now.
-        assert f"the agent (pid {proc.pid}) runs with {lab.config}" in done.stderr
+        assert f"the agent (pid {proc.pid}) runs with {lab.config}" in err
         assert metric(port, "kvagent_config_reloads_total") == 1
         assert metric(port, "kvagent_target_namespaces_expected") == 2
         assert metric(port, "kvagent_target_namespaces_enabled") == 2

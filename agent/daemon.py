@@ -4,10 +4,18 @@ A reconcile pass at start, then on an interval; a health collect on udev
 events for nvme and block devices (a pyudev monitor feeds the loop; the
 periodic pass is the full resync, since netlink can drop events); SIGHUP
 re-reads the config (an invalid one keeps the old config running and is
-reported); SIGTERM/SIGINT stop the loop and NEVER tear anything down: exports,
-connections and mounts outlive the agent. systemd's notify protocol:
-``READY=1`` after the first pass, ``STATUS=``, ``WATCHDOG=1`` from the loop,
-``RELOADING=1``/``READY=1`` around reloads, ``STOPPING=1``.
+reported) and runs a pass; SIGTERM/SIGINT stop the loop and NEVER tear anything
+down: exports, connections and mounts outlive the agent. systemd's notify
+protocol: ``READY=1`` after the first pass, ``STATUS=``, ``WATCHDOG=1`` from the
+loop, ``RELOADING=1``/``READY=1`` around reloads, ``STOPPING=1``.
+
+The agent records its pid and config file in ``node.run_dir``
+(:mod:`agent.daemonfiles`) so that ``kvagent apply`` asks it to reload (an apply
+request and SIGHUP) instead of applying beside it; the reload answers each
+request with the result of the pass it ran. Passes skipped because another
+process holds the apply lock are counted, recorded for ``kvagent status`` and,
+after :data:`~agent.health.snapshot.BUSY_PASSES_DEGRADED` in a row (or at once
+for a holder that is not kvagent's user), make the host degraded and /readyz 503.
 """
 
 from __future__ import annotations
@@ -20,16 +28,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import daemonfiles
 from .config import Config, ConfigError, load_config
 from .errors import KvagentError
 from .health import notify
 from .health.collect import collect
 from .health.metrics import write_textfile
 from .health.server import HealthServer, SnapshotStore
-from .health.snapshot import ApplySummary, LoopCounters, Snapshot, overall_state
-from .lock import Busy
+from .health.snapshot import ApplyBusy, ApplySummary, LoopCounters, Snapshot, overall_state
+from .lock import Busy, LockHolder
 from .log import get_logger
 from .reconcile import run_pass
+from .result import RunResult
 from .system.run import Runner, default_runner
 
 log = get_logger("daemon")
@@ -40,7 +50,7 @@ UDEV_DEBOUNCE = 0.5
 class UdevFeed:
     """Puts ``"udev"`` on the loop's queue for nvme/block device events (if pyudev works)."""
 
-    def __init__(self, events: queue.Queue[str]):
+    def __init__(self, events: queue.SimpleQueue[str]):
         self.events = events
         self._observer: Any = None
 
@@ -76,12 +86,19 @@ class Agent:
         self.notifier = notifier or notify.Notifier()
         self.clock = clock
         self.store = SnapshotStore()
-        self.events: queue.Queue[str] = queue.Queue()
+        # SimpleQueue: its put() is reentrant, so the signal handlers may put while the
+        # loop's own get() is interrupted (queue.Queue's lock would deadlock there), and
+        # kvagent apply sends SIGHUP whenever an operator applies.
+        self.events: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.counters = LoopCounters()
         self.config_error: str | None = None
         self.last_apply: ApplySummary | None = None
         self.server: HealthServer | None = None
         self.stopping = threading.Event()
+        #: Set while passes are skipped because another process holds the apply lock.
+        self.busy: ApplyBusy | None = None
+        #: The run directory this agent registered in (moves when a reload changes it).
+        self.run_dir = str(cfg.node.run_dir)
 
     # ----------------------------------------------------------------- signals
     def install_signals(self) -> None:
@@ -90,23 +107,31 @@ class Agent:
         signal.signal(signal.SIGINT, lambda *_: self.events.put("stop"))
 
     # ------------------------------------------------------------------- steps
-    def reconcile(self) -> None:
-        """One apply pass (never raises) and a fresh snapshot."""
+    def reconcile(self, *, wait_for_lock: bool = False,
+                  rebind: tuple[str, ...] = ()) -> RunResult | KvagentError:
+        """One apply pass (never raises) and a fresh snapshot; returns the pass's outcome.
+
+        ``wait_for_lock`` and ``rebind`` come from ``kvagent apply`` requests (this pass only).
+        """
         started = time.time()
         try:
-            result = run_pass(self.cfg, dry_run=False, runner=self.runner)
+            result = run_pass(self.cfg, dry_run=False, runner=self.runner,
+                              wait_for_lock=wait_for_lock, rebind=rebind,
+                              on_lock_wait=self._lock_wait)
         except Busy as exc:
-            log.info("apply skipped: another apply holds the lock", detail=str(exc))
+            self._skipped(exc)
             self.collect()
-            return
+            return exc
         except (KvagentError, OSError) as exc:
             log.error("apply pass failed", error=str(exc))
+            self._not_busy()
             self.counters = dataclasses.replace(
                 self.counters, apply_runs=self.counters.apply_runs + 1,
                 apply_failures=self.counters.apply_failures + 1)
             self.last_apply = ApplySummary(time.time(), False, 0, 1, time.time() - started)
             self.collect()
-            return
+            return exc if isinstance(exc, KvagentError) else KvagentError(str(exc))
+        self._not_busy()
         failed = sum(1 for a in result.actions if a.status == "failed") + len(result.errors)
         self.counters = dataclasses.replace(
             self.counters, apply_runs=self.counters.apply_runs + 1,
@@ -119,6 +144,35 @@ class Agent:
         for e in result.errors:
             log.warning("apply problem", role=e.role, pool=e.pool, error=e.message, hint=e.hint)
         self.collect()
+        return result
+
+    def _lock_wait(self, _holder: LockHolder | None) -> None:
+        """Waiting for the lock (an apply --wait request): systemd must not think us stuck."""
+        self.notifier.watchdog()
+
+    def _skipped(self, exc: Busy) -> None:
+        """A pass skipped: count it, log it (warning from the second in a row), record it."""
+        passes = self.counters.apply_busy_passes + 1
+        self.counters = dataclasses.replace(self.counters,
+                                            apply_busy=self.counters.apply_busy + 1,
+                                            apply_busy_passes=passes)
+        since = self.busy.since if self.busy is not None and self.busy.since else time.time()
+        self.busy = ApplyBusy(passes, exc.holder, since)
+        foreign = exc.holder is not None and exc.holder.foreign
+        emit = log.warning if passes > 1 or foreign else log.info
+        emit("apply skipped: another process holds the apply lock", passes_in_a_row=passes,
+             holder=exc.holder.describe() if exc.holder else None, detail=exc.message)
+        try:
+            daemonfiles.write_busy(self.run_dir, passes, since, exc.holder)
+        except (KvagentError, OSError) as err:
+            log.warning("cannot record the skipped pass for kvagent status", error=str(err))
+
+    def _not_busy(self) -> None:
+        if self.busy is None and not self.counters.apply_busy_passes:
+            return
+        self.busy = None
+        self.counters = dataclasses.replace(self.counters, apply_busy_passes=0)
+        daemonfiles.clear_busy(self.run_dir)
 
     def collect(self) -> Snapshot:
         """Collect a snapshot, store it, write the textfile, report STATUS= to systemd."""
@@ -132,6 +186,7 @@ class Agent:
                     if previous else Snapshot(time.time(), self.clock(), self.cfg.node.name,
                                               config_error=self.config_error,
                                               counters=self.counters))
+        snap = dataclasses.replace(snap, apply_busy=self.busy, counters=self.counters)
         self.store.set(snap)
         if self.cfg.health.textfile:
             try:
@@ -145,8 +200,14 @@ class Agent:
         return snap
 
     def reload(self) -> None:
-        """Re-read the config; keep the old one when the new one is invalid."""
+        """Re-read the config and run a pass; keep the old config when the new one is invalid.
+
+        Answers every pending ``kvagent apply`` request with the outcome: the pass's
+        result, its error, or the config's problems.
+        """
         self.notifier.reloading()
+        requests = daemonfiles.take_requests(self.run_dir)
+        answer_dir = self.run_dir
         try:
             new = load_config(self.config_path)
         except ConfigError as exc:
@@ -155,6 +216,8 @@ class Agent:
                 self.counters, config_reloads=self.counters.config_reloads + 1,
                 config_reload_failures=self.counters.config_reload_failures + 1)
             log.error("config reload refused; the old config keeps running", error=str(exc))
+            self._answer(answer_dir, requests,
+                         {"config_error": [str(p) for p in exc.problems]})
             self.collect()
             self.notifier.ready()
             return
@@ -163,11 +226,45 @@ class Agent:
         self.config_error = None
         self.counters = dataclasses.replace(self.counters,
                                             config_reloads=self.counters.config_reloads + 1)
-        log.info("config reloaded", path=self.config_path)
+        log.info("config reloaded", path=self.config_path,
+                 requests=[r.id for r in requests] or None)
         if new.health.listen != old_listen:
             self._restart_server()
-        self.reconcile()
+        if str(new.node.run_dir) != self.run_dir:
+            self._move_run_dir(str(new.node.run_dir))
+        outcome = self.reconcile(
+            wait_for_lock=any(r.wait for r in requests),
+            rebind=tuple(sorted({p for r in requests for p in r.rebind})))
+        if isinstance(outcome, RunResult):
+            payload: dict[str, Any] = {"result": outcome.to_json()}
+        else:
+            payload = {"error": {"message": outcome.message, "hint": outcome.hint,
+                                 "exit_code": outcome.exit_code}}
+        self._answer(answer_dir, requests, payload)
         self.notifier.ready()
+
+    def _answer(self, run_dir: str, requests: list[daemonfiles.ApplyRequest],
+                payload: dict[str, Any]) -> None:
+        for request in requests:
+            try:
+                daemonfiles.publish_result(run_dir, request.id, payload)
+            except (KvagentError, OSError) as exc:
+                log.error("cannot answer an apply request", request=request.id,
+                          error=str(exc))
+
+    def _register(self) -> None:
+        daemonfiles.clear_exchange(self.run_dir)
+        daemonfiles.register_daemon(self.run_dir, self.config_path or "")
+
+    def _move_run_dir(self, new: str) -> None:
+        daemonfiles.unregister_daemon(self.run_dir)
+        daemonfiles.clear_busy(self.run_dir)
+        self.run_dir = new
+        try:
+            self._register()
+        except (KvagentError, OSError) as exc:
+            log.error("cannot record the agent in the new run directory; kvagent apply "
+                      "will not find it", run_dir=new, error=str(exc))
 
     def _restart_server(self) -> None:
         if self.server is not None:
@@ -177,8 +274,17 @@ class Agent:
 
     # -------------------------------------------------------------------- loop
     def run(self) -> int:
-        """Serve until SIGTERM/SIGINT; returns the exit code (0)."""
-        self._restart_server()
+        """Serve until SIGTERM/SIGINT; returns the exit code (0).
+
+        Install the signal handlers first (:meth:`install_signals`): ``kvagent apply``
+        sends SIGHUP as soon as the agent's record exists.
+        """
+        self._register()
+        try:
+            self._restart_server()
+        except BaseException:
+            daemonfiles.unregister_daemon(self.run_dir)
+            raise
         udev = UdevFeed(self.events)
         udev.start()
         try:
@@ -220,6 +326,8 @@ class Agent:
             udev.stop()
             if self.server is not None:
                 self.server.shutdown()
+            daemonfiles.clear_busy(self.run_dir)
+            daemonfiles.unregister_daemon(self.run_dir)
             log.info("agent stopped; exports, connections and mounts are left in place")
         return 0
 

@@ -1,4 +1,11 @@
-"""One apply at a time per host: an exclusive lock on a file under the run directory."""
+"""One apply at a time per host: an exclusive lock on a file under the run directory.
+
+The lock file is ``<node.run_dir>/apply.lock``, mode 0600 in a 0700 directory
+owned by kvagent's user (:mod:`agent.rundir`), so no other user can open it and
+take the lock. Who holds it is read from ``/proc/locks`` (the kernel's list of
+flock holders, matched on the file's device and inode), never from a pid the
+holder wrote: a process that is not kvagent is named just as well.
+"""
 
 from __future__ import annotations
 
@@ -6,24 +13,83 @@ import contextlib
 import fcntl
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import KvagentError
+from .rundir import (
+    open_private_file,
+    private_dir,
+    process_alive,
+    process_command,
+    process_uid,
+    user_name,
+)
+
+#: The lock file's name in node.run_dir.
+LOCK_FILE = "apply.lock"
+#: Users whose processes hold the lock legitimately (besides the lock file's owner).
+KVAGENT_USERS = ("root", "kvagent")
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """A process holding the apply lock, as the kernel reports it."""
+
+    pid: int
+    uid: int | None = None
+    user: str | None = None
+    command: str | None = None
+    #: Not root, not kvagent's user: a process that should never hold kvagent's lock.
+    foreign: bool = False
+
+    def describe(self) -> str:
+        """``pid 1234, user nobody, command 'sleep 600'``."""
+        who = self.user if self.user is not None else (
+            "?" if self.uid is None else str(self.uid))
+        text = f"pid {self.pid}, user {who}"
+        return text + (f", command {self.command!r}" if self.command else "")
+
+    def to_json(self) -> dict[str, object]:
+        return {"pid": self.pid, "uid": self.uid, "user": self.user, "command": self.command,
+                "foreign": self.foreign}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> LockHolder:
+        uid = data.get("uid")
+        return cls(pid=int(str(data["pid"])), uid=int(str(uid)) if uid is not None else None,
+                   user=str(data["user"]) if data.get("user") is not None else None,
+                   command=str(data["command"]) if data.get("command") is not None else None,
+                   foreign=bool(data.get("foreign")))
 
 
 class Busy(KvagentError):
-    """Another kvagent apply holds the lock."""
+    """Another process holds the apply lock; ``holder`` names it when the kernel does."""
+
+    def __init__(self, message: str, hint: str | None = None,
+                 holder: LockHolder | None = None):
+        super().__init__(message, hint)
+        self.holder = holder
+
+
+def lock_path(run_dir: str | os.PathLike[str]) -> Path:
+    """``<run_dir>/apply.lock``."""
+    return Path(run_dir) / LOCK_FILE
 
 
 @contextlib.contextmanager
 def apply_lock(run_dir: str | os.PathLike[str], *, wait: bool = False,
-               timeout: float = 600.0) -> Iterator[None]:
-    """Hold ``<run_dir>/apply.lock`` exclusively; raise :class:`Busy` or wait with ``wait``."""
-    directory = Path(run_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "apply.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+               timeout: float = 600.0,
+               on_wait: Callable[[LockHolder | None], None] | None = None) -> Iterator[None]:
+    """Hold ``<run_dir>/apply.lock`` exclusively; raise :class:`Busy`, or wait with ``wait``.
+
+    While waiting, ``on_wait(holder)`` is called at every retry (a few times a second):
+    the CLI prints a message once, the daemon pings systemd's watchdog.
+    """
+    path = lock_path(run_dir)
+    with private_dir(run_dir) as dir_fd:
+        fd = open_private_file(dir_fd, LOCK_FILE, path, os.O_RDWR | os.O_CREAT)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -31,24 +97,91 @@ def apply_lock(run_dir: str | os.PathLike[str], *, wait: bool = False,
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                holder = _holder(path)
+                holder = lock_holder(path)
                 if not wait:
-                    raise Busy(f"another kvagent apply is running{holder} (lock {path})",
-                               "wait for it, or pass --wait to queue behind it") from None
+                    raise Busy(*busy_message(path, holder), holder=holder) from None
                 if time.monotonic() > deadline:
+                    held = f" (held by {holder.describe()})" if holder else ""
                     raise Busy(f"gave up after {timeout:g}s waiting for the apply lock {path}"
-                               f"{holder}") from None
+                               f"{held}", busy_message(path, holder)[1],
+                               holder=holder) from None
+                if on_wait is not None:
+                    on_wait(holder)
                 time.sleep(0.2)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
         yield
     finally:
         os.close(fd)
 
 
-def _holder(path: Path) -> str:
+def busy_message(path: Path, holder: LockHolder | None) -> tuple[str, str]:
+    """(message, hint) for a lock that ``holder`` holds."""
+    if holder is not None and holder.foreign:
+        return (f"the apply lock {path} is held by a process of another user "
+                f"({holder.describe()}), not by kvagent",
+                f"it opened the lock before kvagent made it private (0600 in a 0700 "
+                f"directory): stop that process (kill {holder.pid})")
+    who = f" ({holder.describe()})" if holder else ""
+    return (f"another kvagent apply is running{who} (lock {path})",
+            "wait for it, or pass --wait to queue behind it")
+
+
+def lock_holder(path: str | os.PathLike[str]) -> LockHolder | None:
+    """Who holds a lock on ``path`` now, from ``/proc/locks``; None when nobody (or unknown).
+
+    Reads only: it needs neither the lock file open nor the lock itself.
+    """
     try:
-        pid = path.read_text().strip()
+        st = os.stat(path)
+        table = Path("/proc/locks").read_text()
     except OSError:
-        return ""
-    return f" (pid {pid})" if pid else ""
+        return None
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    same_inode: list[int] = []
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) < 6 or fields[1] == "->":  # "->": a waiter, not a holder
+            continue
+        try:
+            pid = int(fields[4])
+        except ValueError:
+            continue
+        if fields[5] == dev:
+            return _describe(_living(pid, fields[5]), st.st_uid)
+        if fields[5].rsplit(":", 1)[-1] == str(st.st_ino):
+            same_inode.append(pid)
+    # Stacked filesystems (overlayfs) may show another device than stat(): match the inode.
+    if len(same_inode) != 1:
+        return None
+    return _describe(_living(same_inode[0], f":{st.st_ino}"), st.st_uid)
+
+
+def _living(pid: int, key: str) -> int:
+    """The process holding the lock now.
+
+    /proc/locks names the process that took a flock; it may have exited while a child
+    that inherited the descriptor keeps the lock (``flock FILE cmd &`` and the like).
+    Then the holder is the process whose ``/proc/<pid>/fdinfo`` lists the lock.
+    """
+    if pid <= 0 or process_alive(pid, None):
+        return pid
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for info in (entry / "fdinfo").iterdir():
+                text = info.read_text()
+                if "lock:" in text and any(
+                        line.startswith("lock:") and line.split()[6].endswith(key)
+                        for line in text.splitlines() if len(line.split()) > 6):
+                    return int(entry.name)
+        except (OSError, ValueError):
+            continue
+    return pid
+
+
+def _describe(pid: int, owner_uid: int) -> LockHolder:
+    uid = process_uid(pid) if pid > 0 else None
+    user = user_name(uid) if uid is not None else None
+    foreign = uid is not None and uid not in (0, owner_uid) and user not in KVAGENT_USERS
+    return LockHolder(pid=pid, uid=uid, user=user,
+                      command=process_command(pid) if pid > 0 else None, foreign=foreign)

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .config import Config
 from .errors import KvagentError
-from .lock import apply_lock
+from .lock import LockHolder, apply_lock
 from .records import write_last_apply
 from .result import RunResult
 from .system.run import Runner, default_runner
 
 
 def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
-             wait_for_lock: bool = False, rebind: Iterable[str] = ()) -> RunResult:
+             wait_for_lock: bool = False, rebind: Iterable[str] = (),
+             on_lock_wait: Callable[[LockHolder | None], None] | None = None) -> RunResult:
     """Plan (``dry_run``) or apply the config on this host; never raises for a failed action.
 
     ``rebind`` names target pools whose namespaces may move to other storage (with a
-    new identity); see :class:`agent.target.reconcile.TargetPass`.
+    new identity); see :class:`agent.target.reconcile.TargetPass`. An apply holds the
+    apply lock (:func:`agent.lock.apply_lock`; ``on_lock_wait`` is called while
+    ``wait_for_lock`` waits for it).
     """
     from .engines.handoff import forget, hand_off
     from .initiator.reconcile import InitiatorPass
@@ -51,7 +54,7 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
     if dry_run:
         passes()
     else:
-        with apply_lock(cfg.node.run_dir, wait=wait_for_lock):
+        with apply_lock(cfg.node.run_dir, wait=wait_for_lock, on_wait=on_lock_wait):
             passes()
     result.finished_at = time.time()
     if not dry_run:

@@ -66,3 +66,12 @@ class RunResult:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
         }
+
+    @classmethod
+    def from_json(cls, data: dict) -> RunResult:
+        """The result :meth:`to_json` wrote (e.g. the agent's answer to ``kvagent apply``)."""
+        return cls(dry_run=bool(data["dry_run"]),
+                   actions=[ActionRecord(**a) for a in data.get("actions", [])],
+                   errors=[ErrorRecord(**e) for e in data.get("errors", [])],
+                   started_at=float(data["started_at"]), finished_at=data.get("finished_at"),
+                   configfs_writes=int(data.get("configfs_writes", 0)))

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import click
 
+from ..config import config_path
 from ..errors import UsageError
+from ..lock import LockHolder
 from ..reconcile import run_pass
 from ..result import RunResult
 from .context import load_cli_config
+from .delegate import delegate_apply
 from .output import emit
 
 
@@ -48,19 +52,41 @@ def plan() -> None:
     sys.exit(0 if result.ok else 1)
 
 
+def lock_wait_message(what: str) -> Callable[[LockHolder | None], None]:
+    """An ``on_wait`` callback that says once, on stderr, whom ``what`` waits for."""
+    said = []
+
+    def on_wait(holder: LockHolder | None) -> None:
+        if not said:
+            who = f" (held by {holder.describe()})" if holder else ""
+            click.echo(f"kvagent: {what} waits for the apply lock{who}", err=True)
+            said.append(True)
+
+    return on_wait
+
+
 @click.command("apply")
 @click.option("--dry-run", is_flag=True, help="Only show what would change (same as plan).")
 @click.option("--wait", "wait_lock", is_flag=True,
-              help="Wait for another running apply instead of failing as busy.")
+              help="Wait (up to 10 minutes) for another running apply instead of failing "
+                   "as busy; through the agent too.")
 @click.option("--rebind", "rebind", multiple=True, metavar="POOL",
               help="Let namespaces of target pool POOL move to the storage the config now "
                    "names (refused otherwise); they get a new identity, so GPU hosts see new "
                    "namespaces. Repeatable.")
-def apply(dry_run: bool, wait_lock: bool, rebind: tuple[str, ...]) -> None:
+@click.pass_context
+def apply(ctx: click.Context, dry_run: bool, wait_lock: bool, rebind: tuple[str, ...]) -> None:
     """Make this host match the config: export, connect, mount; idempotent.
 
     A namespace whose storage the config would change (a device list, volume group
     or directory edited) is refused and left as it is, unless --rebind names its pool.
+
+    While the agent (kvagent run) runs on this host with the same config file,
+    apply does not apply beside it (the agent would undo it at its next pass):
+    it checks the config, asks the agent to reload it and run a pass (an apply
+    request and SIGHUP, like systemctl reload kvagent), waits for that pass and
+    prints its result and exit code. With another config file it refuses (exit
+    2). --dry-run never involves the agent.
 
     Exit 0 when everything applied, 1 when any action failed, 2 on a bad config.
     """
@@ -70,6 +96,12 @@ def apply(dry_run: bool, wait_lock: bool, rebind: tuple[str, ...]) -> None:
     if unknown:
         raise UsageError(f"--rebind {unknown[0]}: not a target pool in the config "
                          f"(target pools: {', '.join(sorted(pools)) or 'none'})")
-    result = run_pass(cfg, dry_run=dry_run, wait_for_lock=wait_lock, rebind=rebind)
+    result = None
+    if not dry_run:
+        path = config_path(ctx.find_root().obj.get("config_file"))
+        result = delegate_apply(cfg, path, wait=wait_lock, rebind=rebind)
+    if result is None:
+        result = run_pass(cfg, dry_run=dry_run, wait_for_lock=wait_lock, rebind=rebind,
+                          on_lock_wait=lock_wait_message("apply"))
     emit(result.to_json(), lambda _: _text(result))
     sys.exit(0 if result.ok else 1)

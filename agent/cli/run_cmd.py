@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import click
@@ -9,6 +10,7 @@ import click
 from ..config import config_path
 from ..daemon import Agent
 from ..health.collect import collect
+from ..health.lockstate import observed_busy
 from ..health.snapshot import exit_code
 from ..health.status import render_status_text, to_status_json
 from ..system.run import default_runner
@@ -22,8 +24,10 @@ def run(ctx: click.Context) -> None:
     """Run the agent: apply at start and on an interval, serve /metrics, /healthz, /readyz.
 
     SIGHUP re-reads the config (a broken one is refused, the old one keeps
-    running); SIGTERM stops the agent and leaves exports, connections and mounts
-    in place. Speaks systemd's notify protocol when $NOTIFY_SOCKET is set.
+    running) and runs a pass; kvagent apply uses it too. SIGTERM stops the agent
+    and leaves exports, connections and mounts in place. Speaks systemd's notify
+    protocol when $NOTIFY_SOCKET is set. Records its pid and config file in
+    node.run_dir while it runs (one agent per run directory).
     """
     cfg = load_cli_config()
     path = str(config_path(ctx.find_root().obj.get("config_file")))
@@ -37,9 +41,12 @@ def run(ctx: click.Context) -> None:
 def status(no_drives: bool) -> None:
     """Health of every pool on this host, its controllers and drives.
 
+    Also the apply lock: the agent's passes skipped because another process
+    holds it, or a holder that is not kvagent's user, make the host degraded.
     Exit 0 healthy, 1 degraded or failed, 2 bad config.
     """
     cfg = load_cli_config()
     snap = collect(cfg, default_runner(), drives=not no_drives)
+    snap = dataclasses.replace(snap, apply_busy=observed_busy(cfg.node.run_dir))
     emit(to_status_json(snap), lambda _: render_status_text(snap))
     sys.exit(exit_code(snap))

@@ -42,6 +42,25 @@ MIB = 1024 * 1024
 MAX_NAMESPACES = 1024
 #: mkfs.xfs refuses devices under 300 MB.
 XFS_MIN_BYTES = 300 * 1000 * 1000
+#: System directories a pool's mount root must never be (mounting over one hides it).
+SYSTEM_DIRECTORIES = frozenset({
+    "/", "/etc", "/usr", "/boot", "/proc", "/sys", "/dev", "/run", "/var", "/bin", "/sbin",
+    "/lib", "/lib64", "/home", "/root", "/tmp", "/srv", "/opt", "/mnt", "/media",
+})
+#: Kernel filesystems: no mount root anywhere under them.
+KERNEL_TREES = ("/proc", "/sys", "/dev")
+
+
+def system_directory_problem(path: str) -> str | None:
+    """Why ``path`` (an absolute, normalised path) cannot be a mount root; None if it can."""
+    if path in SYSTEM_DIRECTORIES:
+        return (f"{path} is a system directory: mounting a pool over it would hide what the "
+                "system keeps there; use a directory of its own, e.g. /var/lib/kvcache/POOL")
+    for tree in KERNEL_TREES:
+        if path.startswith(tree + "/"):
+            return (f"{path} is under {tree}, a kernel filesystem: a pool cannot be mounted "
+                    "there; use e.g. /var/lib/kvcache/POOL")
+    return None
 
 
 @dataclass(frozen=True)
@@ -343,7 +362,8 @@ class InitiatorPool:
         alias="target",
     )
     mount: AbsPath = doc_field("Mount root: one subdirectory per namespace, or the striped "
-                               "volume itself.")
+                               "volume itself. Never a system directory (/, /etc, /usr, "
+                               "/var, /tmp, /mnt, ...) or anything under /proc, /sys, /dev.")
     layout: Literal["per-namespace", "striped"] = doc_field(
         "'per-namespace': one xfs per namespace under mount/nsN (engines shard per GPU); "
         "'striped': one LVM striped volume across all namespaces.",
@@ -360,6 +380,9 @@ class InitiatorPool:
     def check(self) -> Check:
         if not self.targets:
             yield ("targets",), "must list at least one target"
+        refused = system_directory_problem(self.mount)
+        if refused:
+            yield ("mount",), refused
         for i, ep, first in duplicates(
             (i, (t.transport, t.address, t.service, t.subsystem))
             for i, t in enumerate(self.targets)

@@ -108,6 +108,11 @@ def snapshot_families(snapshot: Snapshot | None) -> list[Metric]:
             {}, s.counters.apply_runs)
     f.count("kvagent_apply_failures", "Reconcile passes that failed since the agent started.",
             {}, s.counters.apply_failures)
+    f.count("kvagent_apply_busy", "Reconcile passes skipped because another process held "
+            "the apply lock.", {}, s.counters.apply_busy)
+    f.set("kvagent_apply_busy_passes", "Reconcile passes skipped in a row, now, because "
+          "another process holds the apply lock (0 once a pass runs).",
+          {}, s.counters.apply_busy_passes)
     f.count("kvagent_config_reloads", "Config reloads (SIGHUP) attempted.",
             {}, s.counters.config_reloads)
     f.count("kvagent_config_reload_failures",

@@ -7,7 +7,8 @@ slow the loop down or stall on a stuck device.
 - ``/metrics``: Prometheus exposition (OpenMetrics when the scraper asks for it).
 - ``/healthz``: 200 while the loop ticked within ``stale_after`` seconds (default
   3x the interval), else 503; the body says how long ago it ticked.
-- ``/readyz``: 200 when every pool is ready, else 503 listing the pools that are not.
+- ``/readyz``: 200 when every pool is ready and the apply lock is not stuck (see
+  :class:`~agent.health.snapshot.ApplyBusy`), else 503 saying why.
 """
 
 from __future__ import annotations
@@ -81,11 +82,15 @@ def ready_check(snapshot: Snapshot | None) -> tuple[int, str]:
     if snapshot is None:
         return 503, "not ready: the first pass has not finished\n"
     waiting = snapshot.pools_not_ready
-    if waiting:
-        lines = [f"not ready: {len(waiting)} of {len(snapshot.pools)} pool(s) not ready"]
+    busy = snapshot.apply_busy if snapshot.apply_busy and snapshot.apply_busy.stuck else None
+    if waiting or busy:
+        lines = [f"not ready: {len(waiting)} of {len(snapshot.pools)} pool(s) not ready"
+                 + ("; passes skipped: the apply lock is held" if busy else "")]
         for pool in waiting:
             why = "; ".join(pool.problems) or pool.state
             lines.append(f"{pool.role} pool {pool.name}: {why}")
+        if busy:
+            lines.append(busy.problem())
         return 503, "\n".join(lines) + "\n"
     return 200, f"ready: {len(snapshot.pools)} pool(s) ready\n"
 

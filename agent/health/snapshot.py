@@ -7,7 +7,8 @@ snapshot, so a scrape never runs a command.
 
 Overall health: a pool is ``ok``, ``degraded`` or ``failed``; the host is
 healthy when every pool is ``ok``, every drive is without problems, the last
-apply succeeded and no config reload was refused (see :func:`overall_state`).
+apply succeeded, no config reload was refused and the apply lock is not stuck
+(see :func:`overall_state` and :class:`ApplyBusy`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
+
+from ..lock import LockHolder
 
 PoolRole = Literal["target", "initiator"]
 PoolState = Literal["ok", "degraded", "failed"]
@@ -27,6 +30,9 @@ CONTROLLER_STATES = ("new", "live", "resetting", "connecting", "deleting",
 #: ANA states the kernel shows in /sys/block/nvme*c*n*/ana_state.
 ANA_STATES = ("optimized", "non-optimized", "inaccessible", "persistent-loss", "change")
 POOL_STATES: tuple[PoolState, ...] = ("ok", "degraded", "failed")
+#: After this many passes in a row skipped because another process holds the apply
+#: lock, the host is degraded and /readyz fails (one or two are an operator's apply).
+BUSY_PASSES_DEGRADED = 3
 _SEVERITY = {"ok": 0, "degraded": 1, "failed": 2}
 
 
@@ -207,6 +213,40 @@ class LoopCounters:
     apply_failures: int = 0
     config_reloads: int = 0
     config_reload_failures: int = 0
+    #: Passes skipped because another process held the apply lock (monotonic).
+    apply_busy: int = 0
+    #: Passes skipped in a row, now (0 once a pass runs): a gauge, not a count.
+    apply_busy_passes: int = 0
+
+
+@dataclass(frozen=True)
+class ApplyBusy:
+    """The apply lock held by someone else: the daemon's passes are skipped.
+
+    ``passes`` counts the daemon's passes skipped in a row (0 when only a probe of
+    the lock by ``kvagent status`` saw it). Stuck (degraded, /readyz 503) after
+    :data:`BUSY_PASSES_DEGRADED` passes, or at once when the holder is not kvagent's
+    user (a ``foreign`` holder, e.g. ``nobody``).
+    """
+
+    passes: int
+    holder: LockHolder | None = None
+    since: float | None = None  # wall clock of the first skipped pass
+
+    @property
+    def stuck(self) -> bool:
+        return self.passes >= BUSY_PASSES_DEGRADED or (
+            self.holder is not None and self.holder.foreign)
+
+    def problem(self) -> str:
+        """One line: how long, and who holds the lock."""
+        who = (f"held by {self.holder.describe()}" if self.holder is not None
+               else "held by an unknown process")
+        if self.holder is not None and self.holder.foreign:
+            who += " (not kvagent's user)"
+        if self.passes:
+            return f"apply: {self.passes} pass(es) in a row skipped: the apply lock is {who}"
+        return f"apply: the apply lock is {who}"
 
 
 @dataclass(frozen=True)
@@ -223,6 +263,8 @@ class Snapshot:
     #: Set when a SIGHUP reload was refused: the old config keeps running.
     config_error: str | None = None
     counters: LoopCounters = field(default_factory=LoopCounters)
+    #: Set while another process holds the apply lock (see :class:`ApplyBusy`).
+    apply_busy: ApplyBusy | None = None
 
     def ticked(self, *, taken_at: float, tick_at: float) -> Snapshot:
         """The same snapshot re-stamped by a loop tick that collected nothing new."""
@@ -239,14 +281,16 @@ class Snapshot:
 def overall_state(snapshot: Snapshot) -> PoolState:
     """``ok``, ``degraded`` or ``failed`` for the whole host.
 
-    The worst pool state wins; a drive with problems, a failed last apply or a
-    refused config reload make an otherwise ``ok`` host ``degraded``.
+    The worst pool state wins; a drive with problems, a failed last apply, a
+    refused config reload or a stuck apply lock make an otherwise ``ok`` host
+    ``degraded``.
     """
     worst = max((_SEVERITY[p.state] for p in snapshot.pools), default=0)
     if worst == 0 and (
         any(not d.healthy for d in snapshot.drives)
         or (snapshot.last_apply is not None and not snapshot.last_apply.ok)
         or snapshot.config_error is not None
+        or (snapshot.apply_busy is not None and snapshot.apply_busy.stuck)
     ):
         worst = 1
     return POOL_STATES[worst]
@@ -260,6 +304,8 @@ def host_problems(snapshot: Snapshot) -> tuple[str, ...]:
                      f"{snapshot.config_error}")
     if snapshot.last_apply is not None and not snapshot.last_apply.ok:
         lines.append(f"apply: last pass failed ({snapshot.last_apply.failed} action(s) failed)")
+    if snapshot.apply_busy is not None and snapshot.apply_busy.stuck:
+        lines.append(snapshot.apply_busy.problem())
     for pool in snapshot.pools:
         lines.extend(f"{pool.role} pool {pool.name}: {p}" for p in pool.problems)
         if pool.state != "ok" and not pool.problems:

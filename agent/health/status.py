@@ -10,6 +10,7 @@ from typing import Any
 from .. import __version__
 from ..text import table
 from .snapshot import (
+    ApplyBusy,
     ControllerHealth,
     DriveHealth,
     PoolHealth,
@@ -83,6 +84,14 @@ def _drive_json(d: DriveHealth) -> dict[str, Any]:
     }
 
 
+def _busy_json(busy: ApplyBusy | None) -> dict[str, Any] | None:
+    if busy is None:
+        return None
+    return {"passes": busy.passes, "stuck": busy.stuck,
+            "since": None if busy.since is None else _iso(busy.since),
+            "holder": None if busy.holder is None else busy.holder.to_json()}
+
+
 def to_status_json(snapshot: Snapshot) -> dict[str, Any]:
     """The snapshot as plain JSON values, in the shape the status schema describes."""
     apply = snapshot.last_apply
@@ -99,6 +108,7 @@ def to_status_json(snapshot: Snapshot) -> dict[str, Any]:
             "finished_at": _iso(apply.finished_at), "ok": apply.ok, "changed": apply.changed,
             "failed": apply.failed, "duration_seconds": apply.duration_seconds,
         },
+        "apply_busy": _busy_json(snapshot.apply_busy),
         "pools": [_pool_json(p, snapshot) for p in snapshot.pools],
         "controllers": [_controller_json(c) for c in snapshot.controllers],
         "drives": [_drive_json(d) for d in snapshot.drives],
@@ -107,6 +117,8 @@ def to_status_json(snapshot: Snapshot) -> dict[str, Any]:
             "apply_failures": snapshot.counters.apply_failures,
             "config_reloads": snapshot.counters.config_reloads,
             "config_reload_failures": snapshot.counters.config_reload_failures,
+            "apply_busy": snapshot.counters.apply_busy,
+            "apply_busy_passes": snapshot.counters.apply_busy_passes,
         },
     }
 
@@ -187,6 +199,12 @@ def render_status_text(snapshot: Snapshot) -> str:
         verdict = "ok" if apply.ok else f"FAILED ({apply.failed} failed)"
         out.append(f"last apply: {verdict}, {apply.changed} changed, at "
                    f"{_iso(apply.finished_at)}")
+    busy = snapshot.apply_busy
+    if busy is not None:
+        holder = busy.holder.describe() if busy.holder else "an unknown process"
+        skipped = (f", {busy.passes} pass(es) in a row skipped since {_iso(busy.since)}"
+                   if busy.passes and busy.since is not None else "")
+        out.append(f"apply lock: held by {holder}{skipped}")
     problems = host_problems(snapshot)
     if problems:
         out += ["", "problems:", *(f"  - {p}" for p in problems)]

@@ -276,3 +276,35 @@ def test_output_option_may_follow_the_subcommand(argv: list[str]) -> None:
     result = CliRunner().invoke(main, [example if a == "EXAMPLE" else a for a in argv])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["valid"] is True
+
+
+SYSTEM_DIRS = ["/", "/etc", "/usr", "/boot", "/proc", "/sys", "/dev", "/run", "/var", "/bin",
+               "/sbin", "/lib", "/lib64", "/home", "/root", "/tmp", "/srv", "/opt", "/mnt",
+               "/media"]
+
+
+@pytest.mark.parametrize("mount", [*SYSTEM_DIRS, "/etc/", "//usr//", "/var/./",
+                                   "/proc/self", "/sys/kernel/config/kv", "/dev/shm/kv",
+                                   "/dev/disk/by-id/x"])
+def test_mount_root_over_a_system_directory_is_refused(tmp_path: Path, mount: str) -> None:
+    """Mounting a pool over /etc, /var, ... would hide the system; under /proc etc. too."""
+    data = base()
+    data["initiator"]["pools"][0]["mount"] = mount
+    file = tmp_path / "kvagent.yaml"
+    file.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = CliRunner().invoke(main, ["-c", str(file), "config", "validate"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    (line,) = [ln for ln in result.output.splitlines() if ": initiator.pools[0].mount: " in ln]
+    assert "system directory" in line or "kernel filesystem" in line, line
+
+
+@pytest.mark.parametrize("mount", ["/var/lib/kvcache/kv", "/mnt/kv", "/srv/kvcache",
+                                   "/opt/kv", "/media/nvme", "/tmp/kvtest/mnt", "/home/kv",
+                                   "/run/kvcache", "/devices", "/system", "/proc2"])
+def test_mount_root_below_a_system_directory_is_fine(mount: str) -> None:
+    """Only the directories themselves (and anything under /proc, /sys, /dev) are refused."""
+    data = base()
+    data["initiator"]["pools"][0]["mount"] = mount
+    cfg = parse_config(yaml.safe_dump(data))
+    assert cfg.initiator.pools[0].mount == mount

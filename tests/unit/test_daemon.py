@@ -113,3 +113,44 @@ def test_good_reload_applies_new_config(tmp_path: Path) -> None:
     thread.join(timeout=30)
     assert agent.cfg.health.interval == 45 and agent.config_error is None
     assert agent.counters.config_reloads == 1 and agent.counters.apply_runs == 2
+
+
+STORM = """
+import os, queue, signal, sys, threading, time
+from agent.config import parse_config
+from agent.daemon import Agent
+from agent.health.notify import Notifier
+
+agent = Agent(None, parse_config("version: 1\\nnode: {name: n}\\n"), notifier=Notifier(env={}))
+agent.install_signals()
+stop = time.monotonic() + 3
+
+def storm():
+    while time.monotonic() < stop:
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.0001)
+
+threading.Thread(target=storm, daemon=True).start()
+got = 0
+while time.monotonic() < stop:  # the loop's get(), interrupted by the handlers' put()
+    try:
+        got += agent.events.get(timeout=0.0001) == "reload"
+    except queue.Empty:
+        pass
+print("survived", got)
+"""
+
+
+def test_event_queue_survives_a_sighup_storm() -> None:
+    """kvagent apply sends SIGHUP routinely: the handler's put() may interrupt the loop's get().
+
+    With queue.Queue the handler blocks on the lock the interrupted get() holds (a deadlock,
+    or a RecursionError as more signals arrive); SimpleQueue's put is reentrant.
+    """
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", STORM], capture_output=True, text=True,
+                          timeout=60, check=False, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("survived ") and int(proc.stdout.split()[1]) > 0

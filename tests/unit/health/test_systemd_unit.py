@@ -135,5 +135,5 @@ def test_tmpfiles_config_applies(tmp_path) -> None:
     result = subprocess.run([tmpfiles, "--create", f"--root={root}", str(conf)],
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0 and result.stderr == "", result.stderr
-    assert (root / "run" / "kvagent").stat().st_mode & 0o777 == 0o755
+    assert (root / "run" / "kvagent").stat().st_mode & 0o777 == 0o700
     assert (root / "var" / "lib" / "kvagent").stat().st_mode & 0o777 == 0o700

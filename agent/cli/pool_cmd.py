@@ -6,15 +6,11 @@ import sys
 
 import click
 
-from ..lock import apply_lock
 from ..system.run import default_runner
 from ..target.inventory import destroy_pool, list_pools
 from .apply_cmd import lock_wait_message
 from .context import load_cli_config
 from .output import emit, table
-
-#: How long ``pool destroy --yes`` waits for the apply lock (an apply or the agent's pass).
-DESTROY_LOCK_WAIT = 120.0
 
 
 @click.group("pool")
@@ -52,17 +48,13 @@ def pool_destroy(name: str, yes: bool) -> None:
     """Delete the LVs or files of pool NAME (only what kvagent owns).
 
     The pool must be gone from the config and unexported (kvagent apply) first.
-    Whole devices are released from kvagent's claims, never wiped. With --yes
-    it holds the apply lock (waiting up to 2 minutes for a running apply or the
+    Whole devices are released from kvagent's claims, never wiped. It holds the
+    apply lock (waiting up to 2 minutes for a running apply or the
     agent's pass), so that no pass changes kvagent's records meanwhile.
     """
     cfg = load_cli_config()
-    if yes:
-        with apply_lock(cfg.node.run_dir, wait=True, timeout=DESTROY_LOCK_WAIT,
-                        on_wait=lock_wait_message("pool destroy")):
-            result = destroy_pool(cfg, name, default_runner(), yes=yes)
-    else:
-        result = destroy_pool(cfg, name, default_runner(), yes=yes)
+    result = destroy_pool(cfg, name, default_runner(), yes=yes,
+                          on_wait=lock_wait_message("pool destroy"))
 
     def text(r: dict) -> str:
         verb = "deleted" if r["destroyed"] else "would delete"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from nvmet.errors import NvmetError
 
 from ..config.model import Config
 from ..errors import KvagentError, UsageError
-from ..lock import apply_lock
+from ..lock import LockHolder, apply_lock
 from ..naming import parse_subsystem_nqn
 from ..records import PoolRecord, TargetRecords
 from ..system.run import Runner
@@ -71,21 +72,23 @@ def list_pools(cfg: Config, fs: nvmet.ConfigFS | None = None) -> list[dict[str, 
 
 
 def destroy_pool(cfg: Config, name: str, runner: Runner, *, yes: bool,
-                 fs: nvmet.ConfigFS | None = None) -> dict[str, Any]:
+                 fs: nvmet.ConfigFS | None = None,
+                 on_wait: Callable[[LockHolder | None], None] | None = None) -> dict[str, Any]:
     """Delete the data of a pool that is no longer configured nor exported.
 
     Only what kvagent provably owns goes: LVs tagged with the pool, files in the
     pool's manifest (only names kvagent creates, inside the pool's directory). Whole
     devices are released from kvagent's claims, never wiped. Nothing is deleted that
-    any nvmet namespace — kvagent's or not — still exports. Holds the apply lock, so
-    no apply or agent pass runs meanwhile. Without ``yes`` nothing is deleted and the
-    plan is returned.
+    any nvmet namespace — kvagent's or not — still exports. Holds the apply lock
+    (waiting up to DESTROY_LOCK_WAIT; ``on_wait`` is told who holds it), so no apply or
+    agent pass runs meanwhile. Without ``yes`` nothing is deleted and the plan is
+    returned.
     """
     if cfg.target and any(p.name == name for p in cfg.target.pools):
         raise UsageError(f"pool {name!r} is still in the config",
                          "remove it from target.pools and run kvagent apply (that unexports "
                          "it and keeps its data), then destroy it")
-    with apply_lock(cfg.node.run_dir, wait=True, timeout=DESTROY_LOCK_WAIT):
+    with apply_lock(cfg.node.run_dir, wait=True, timeout=DESTROY_LOCK_WAIT, on_wait=on_wait):
         return _destroy(cfg, name, runner, yes=yes, fs=fs)
 
 

@@ -300,7 +300,7 @@ def test_pool_destroy_holds_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyP
     config.write_text(config_text(tmp_path, free_port()))
     calls: list[bool] = []
 
-    def destroy(cfg, name, runner, *, yes):  # type: ignore[no-untyped-def]
+    def destroy(cfg, name, runner, *, yes, fs):  # type: ignore[no-untyped-def]
         try:
             with apply_lock(cfg.node.run_dir):
                 calls.append(False)
@@ -309,10 +309,10 @@ def test_pool_destroy_holds_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyP
         return {"pool": name, "destroyed": yes, "logical_volumes": [], "files": [],
                 "device_claims": []}
 
-    from agent.cli import pool_cmd
+    from agent.target import inventory
 
-    monkeypatch.setattr(pool_cmd, "destroy_pool", destroy)
-    monkeypatch.setattr(pool_cmd, "DESTROY_LOCK_WAIT", 0.5)
+    monkeypatch.setattr(inventory, "_destroy", destroy)
+    monkeypatch.setattr(inventory, "DESTROY_LOCK_WAIT", 0.5)
     done = CliRunner().invoke(main, ["-c", str(config), "pool", "destroy", "kv", "--yes"])
     assert done.exit_code == 0, done.output
     assert calls == [True]

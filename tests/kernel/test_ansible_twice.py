@@ -19,7 +19,7 @@ import pytest
 from . import kit
 from .pools import umount_all_under
 
-pytestmark = pytest.mark.kernel(group="ansible")
+pytestmark = pytest.mark.kernel(group="install")
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT = Path("/tmp/kvagent-ansible")

@@ -37,7 +37,7 @@ from tests import metricnames
 from . import kit
 from .pools import DRIVES, KVAGENT, fabrics_controllers, umount_all_under, write_file
 
-pytestmark = pytest.mark.kernel(group="package")
+pytestmark = pytest.mark.kernel(group="install")
 
 REPO = Path(__file__).resolve().parents[2]
 DEB = REPO / "build" / "deb" / f"kvagent_{__version__}_all.deb"

@@ -152,6 +152,7 @@ class KernelTier:
         return lines
 
 
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: no VM for deselected groups
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
     if IN_GUEST:

@@ -19,10 +19,12 @@ NVMe reports wear and spare as percentages; they are exported as ratios
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, generate_latest, write_to_textfile
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
@@ -256,12 +258,23 @@ def render_metrics(snapshot: Snapshot | None) -> bytes:
 def write_textfile(path: str | Path, snapshot: Snapshot | None) -> None:
     """Write the snapshot's metrics for node_exporter's textfile collector, atomically.
 
-    prometheus-client writes a temporary file in the same directory and renames it
-    over ``path``, so node_exporter never reads a half-written file. node_exporter
-    only reads files ending in ``.prom``.
+    A temporary file in the same directory (not ending in ``.prom``, so node_exporter
+    ignores it) is renamed over ``path``: node_exporter never reads a half-written
+    file, and a failure leaves the old file and no temporary one. (prometheus-client's
+    ``write_to_textfile`` does the same, but leaves its temporary file behind on a
+    failure before 0.17; Debian 12 ships 0.16.) node_exporter only reads ``*.prom``.
     """
     target = Path(path)
     if target.suffix != ".prom":
         log.warning("node_exporter's textfile collector only reads *.prom files",
                     path=str(target))
-    write_to_textfile(str(target), build_registry(lambda: snapshot))
+    data = generate_latest(build_registry(lambda: snapshot))
+    tmp = f"{target}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.rename(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

@@ -27,6 +27,12 @@ def sh(*argv: str, check: bool = True, timeout: float = 60,
     return proc
 
 
+def prepare_apt() -> None:
+    """apt's directories: virtme-ng mounts empty tmpfs on /var/cache and /var/lib/apt."""
+    for d in ("/var/cache/apt/archives/partial", "/var/lib/apt/lists/partial"):
+        Path(d).mkdir(parents=True, exist_ok=True)
+
+
 def modprobe(*modules: str) -> None:
     for m in modules:
         sh("modprobe", m)

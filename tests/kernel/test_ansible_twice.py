@@ -1,7 +1,10 @@
 """The Ansible role against this VM as localhost (storage and GPU roles), run twice.
 
-The second run must report changed=0. Both recaps are printed with a
-``KVAGENT-CI-LOG:`` prefix, which the host-side plugin copies into the test log.
+The role installs kvagent with its default method, the Debian package (the .deb
+scripts/build-deb made, offline: its dependencies are on the host's root
+filesystem); tests/unit/test_ansible.py covers the venv method. The second run
+must report changed=0. Both recaps are printed with a ``KVAGENT-CI-LOG:`` prefix,
+which the host-side plugin copies into the test log.
 """
 
 from __future__ import annotations
@@ -16,17 +19,15 @@ import pytest
 from . import kit
 from .pools import umount_all_under
 
-pytestmark = pytest.mark.kernel(group="ansible")
+pytestmark = pytest.mark.kernel(group="install")
 
 REPO = Path(__file__).resolve().parents[2]
-WHEELHOUSE = REPO / ".venv/wheelhouse"
 ROOT = Path("/tmp/kvagent-ansible")
 
 
 def play(label: str) -> dict[str, int]:
     env = {**os.environ, "ANSIBLE_HOME": "/tmp/ansible-home",
-           "ANSIBLE_LOCAL_TEMP": "/tmp/ansible-local", "ANSIBLE_NOCOLOR": "1",
-           "KVAGENT_WHEELHOUSE": str(WHEELHOUSE)}
+           "ANSIBLE_LOCAL_TEMP": "/tmp/ansible-local", "ANSIBLE_NOCOLOR": "1"}
     proc = subprocess.run(
         [str(REPO / ".venv/bin/ansible-playbook"), "-i", "ansible/tests/inventory.yml",
          "ansible/tests/localhost.yml"],
@@ -43,13 +44,18 @@ def play(label: str) -> dict[str, int]:
 
 
 def test_role_twice_on_localhost_second_run_changes_nothing() -> None:
-    assert WHEELHOUSE.is_dir(), "no wheelhouse for the offline VM: run scripts/setup"
+    assert list((REPO / "build/deb").glob("kvagent_*_all.deb")), \
+        "no Debian package for the role to install: run scripts/setup (scripts/build-deb)"
+    kit.prepare_apt()
     try:
         first = play("first run")
         assert first["changed"] > 0 and first["failed"] == 0
         assert os.path.ismount(ROOT / "mnt/kvtest/ns1"), "the pool is mounted"
+        assert subprocess.run(["dpkg", "-s", "kvagent"], capture_output=True,
+                              check=False).returncode == 0, "the role installed the package"
         second = play("second run")
         assert second["changed"] == 0 and second["failed"] == 0, second
     finally:
         umount_all_under(ROOT)
         kit.force_clean()
+        subprocess.run(["dpkg", "--purge", "kvagent"], capture_output=True, check=False)

@@ -114,6 +114,7 @@ RENDER_PLAY = """\
   hosts: {hosts}
   gather_facts: false
   vars:
+    kvagent_install_method: venv
     kvagent_venv: {venv}
     kvagent_config_dir: {out}/{{{{ inventory_hostname }}}}
     kvagent_manage_service: false
@@ -381,6 +382,7 @@ SERVICE_PLAY = """\
   hosts: all
   gather_facts: false
   vars:
+    kvagent_install_method: {method}
     kvagent_venv: /srv/kv/venv
     kvagent_config_file: /srv/kv/etc/agent.yaml
     kvagent_systemd_unit_dir: {root}/system
@@ -400,7 +402,7 @@ SERVICE_PLAY = """\
 def test_systemd_files_are_installed_for_this_venv_and_config(tmp_path: Path) -> None:
     root = tmp_path / "etc"
     play = tmp_path / "service.yml"
-    play.write_text(SERVICE_PLAY.format(root=root))
+    play.write_text(SERVICE_PLAY.format(root=root, method="venv"))
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"h": {
         "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
@@ -416,6 +418,118 @@ def test_systemd_files_are_installed_for_this_venv_and_config(tmp_path: Path) ->
     for sub in ("modules-load.d", "tmpfiles.d"):
         assert (root / sub / "kvagent.conf").read_text() == (
             REPO / "systemd" / sub / "kvagent.conf").read_text()
+
+
+@needs_root
+def test_deb_method_installs_only_the_drop_in(tmp_path: Path) -> None:
+    """The package brings the unit, modules-load.d and tmpfiles.d files: the role adds none."""
+    root = tmp_path / "etc"
+    play = tmp_path / "service.yml"
+    play.write_text(SERVICE_PLAY.format(root=root, method="deb"))
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"h": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+    result = _playbook(tmp_path, "-i", str(inventory), str(play))
+    assert result.returncode == 0, result.stdout + result.stderr
+    installed = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    assert installed == ["system/kvagent.service.d/kvagent-role.conf"]
+
+
+METHOD_PLAY = """\
+- name: Show what the role runs
+  hosts: all
+  gather_facts: false
+  vars:
+    kvagent_venv: /srv/kv/venv
+  tasks:
+    - name: Load the role's variables
+      ansible.builtin.include_role:
+        name: kvagent
+        tasks_from: platform.yml
+        public: true
+    - name: Report
+      ansible.builtin.debug:
+        msg: "BIN {{ __kvagent_bin }} ARGV {{ __kvagent_apply_argv | join(' ') }}
+          PACKAGES {{ kvagent_system_packages | join(',') }}"
+"""
+
+
+@pytest.mark.parametrize(("method", "binary", "venv_package"), [
+    ("deb", "/usr/bin/kvagent", False),
+    ("venv", "/srv/kv/venv/bin/kvagent", True),
+])
+def test_install_method_picks_the_kvagent_command(tmp_path: Path, method: str, binary: str,
+                                                  venv_package: bool) -> None:
+    play = tmp_path / "method.yml"
+    play.write_text(METHOD_PLAY)
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"h": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+        "kvagent_install_method": method}}}}))
+    result = _playbook(tmp_path, "-i", str(inventory), str(play))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"BIN {binary} ARGV {binary} -c /etc/kvagent/kvagent.yaml -o json apply --wait" \
+        in result.stdout, result.stdout
+    assert ("python3-venv" in result.stdout.split("PACKAGES ", 1)[1].split()[0]) is venv_package
+
+
+def test_unknown_install_method_fails_naming_it(tmp_path: Path) -> None:
+    play = tmp_path / "main.yml"
+    play.write_text("- name: Role\n  hosts: all\n  gather_facts: false\n  roles: [kvagent]\n")
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"h": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+        "kvagent_install_method": "rpm", "__kvagent_preflight_done": True}}}}))
+    result = _playbook(tmp_path, "-i", str(inventory), str(play))
+    assert result.returncode != 0
+    assert "kvagent_install_method must be deb or venv, not rpm" in result.stdout, result.stdout
+
+
+# --- the venv install method, for real (the kernel tier covers the deb method) ---------
+
+VENV_PLAY = """\
+- name: Install kvagent into a virtualenv with the role's install tasks
+  hosts: all
+  gather_facts: false
+  vars:
+    kvagent_install_method: venv
+    kvagent_venv: {root}/venv
+    kvagent_stage_dir: {root}/stage
+    kvagent_pip_extra_args: --no-index --find-links {wheelhouse} --no-cache-dir
+  tasks:
+    - name: Install
+      ansible.builtin.include_role:
+        name: kvagent
+        tasks_from: install.yml
+"""
+
+
+def test_venv_method_installs_kvagent_and_a_second_run_changes_nothing(tmp_path: Path) -> None:
+    """Offline, from the wheelhouse scripts/setup builds: a working kvagent in a new venv."""
+    wheelhouse = REPO / ".venv" / "wheelhouse"
+    assert (wheelhouse / ".complete").exists(), "no wheelhouse: run scripts/setup"
+    root = tmp_path / "kv"
+    play = tmp_path / "venv.yml"
+    play.write_text(VENV_PLAY.format(root=root, wheelhouse=wheelhouse))
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"h": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+        "kvagent_python": "/usr/bin/python3"}}}}))
+
+    def recap(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr
+        m = re.search(r"h\s*:\s*ok=(\d+)\s+changed=(\d+)", result.stdout)
+        assert m, result.stdout
+        return {"ok": int(m.group(1)), "changed": int(m.group(2))}
+
+    first = recap(_playbook(tmp_path, "-i", str(inventory), str(play)))
+    assert first["changed"] > 0
+    version = subprocess.run([str(root / "venv/bin/kvagent"), "--version"],
+                             capture_output=True, text=True, timeout=60, check=True)
+    from agent import __version__
+    assert version.stdout.strip() == f"kvagent, version {__version__}"
+    second = recap(_playbook(tmp_path, "-i", str(inventory), str(play)))
+    assert second["changed"] == 0, second
 
 
 # --- the source packer ----------------------------------------------------------------

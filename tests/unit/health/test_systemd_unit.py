@@ -6,11 +6,14 @@ If it is missing they FAIL with a message; they never skip.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -47,11 +50,22 @@ def unit_copy(tmp_path: Path) -> Path:
     return copy
 
 
+@functools.cache
+def manpath() -> str:
+    """A man tree holding docs/kvagent.8: verify resolves the unit's Documentation=
+    man:kvagent(8) (the Debian package installs the page; see tests/unit/test_manpage.py)."""
+    root = Path(tempfile.mkdtemp(prefix="kvagent-man-"))
+    atexit.register(shutil.rmtree, root, True)
+    (root / "man8").mkdir()
+    (root / "man8" / "kvagent.8").symlink_to(ROOT / "docs" / "kvagent.8")
+    return str(root)
+
+
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([analyze(), *args], capture_output=True, text=True, timeout=120,
                           check=False, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
                                             "LC_ALL": "C.UTF-8", "SYSTEMD_COLORS": "0",
-                                            "SYSTEMD_PAGER": ""})
+                                            "SYSTEMD_PAGER": "", "MANPATH": manpath()})
 
 
 def test_verify_passes_without_any_output(tmp_path) -> None:

@@ -1,0 +1,105 @@
+"""debian/: the packaging agrees with the project (versions, dependencies, files).
+
+The package itself is built by scripts/build-deb (lintian must be clean there) and
+installed and used for real in tests/kernel/test_deb_package.py.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from importlib.metadata import requires
+from pathlib import Path
+
+from agent import __version__
+from agent.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+DEBIAN = REPO / "debian"
+
+
+def control() -> str:
+    return (DEBIAN / "control").read_text()
+
+
+def field(name: str) -> list[str]:
+    m = re.search(rf"^{name}:\s*\n?((?:[ \t].*\n?|.*\n)(?:[ \t].*\n)*)", control(), re.M)
+    assert m, name
+    return [p.strip() for p in re.split(r"[,\n]", m.group(1)) if p.strip()]
+
+
+def test_changelog_version_is_the_agent_s() -> None:
+    version = subprocess.run(["dpkg-parsechangelog", "-l", str(DEBIAN / "changelog"), "-S",
+                              "Version"], capture_output=True, text=True, check=True).stdout
+    assert version.strip() == __version__, "bump debian/changelog with agent.__version__"
+
+
+def runtime_requirements() -> list[str]:
+    """kvagent's dependencies (pyproject.toml, as installed), without the extras."""
+    return [r for r in requires("kvagent") or [] if "extra ==" not in r]
+
+
+def test_every_python_dependency_is_a_debian_build_dependency() -> None:
+    """pyproject's dependencies, as Debian names them, are Build-Depends (the package's
+    Depends come from them through dh_python3, and the build runs the CLI)."""
+    names = {re.split(r"[<>=!~ ;\[]", d, maxsplit=1)[0].lower()
+             for d in runtime_requirements()}
+    debian = {"pyudev": "python3-pyudev", "click": "python3-click", "pyyaml": "python3-yaml",
+              "tenacity": "python3-tenacity", "structlog": "python3-structlog",
+              "prometheus-client": "python3-prometheus-client"}
+    assert names == set(debian), "a new dependency needs its Debian name here and in control"
+    build_depends = field("Build-Depends")
+    for name in names:
+        assert debian[name] in build_depends, name
+
+
+def test_debian_12_versions_meet_the_floors() -> None:
+    """pyproject's floors are at or below what Debian 12 ships (the .deb runs on those)."""
+    bookworm = {"pyudev": "0.24.0", "click": "8.1.3", "pyyaml": "6.0", "tenacity": "8.2.1",
+                "structlog": "22.3.0", "prometheus-client": "0.16.0"}
+    deps = runtime_requirements()
+
+    def key(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in v.split("."))
+
+    for dep in deps:
+        name, floor = re.fullmatch(r"([\w-]+)>=([\d.]+)", dep).groups()  # type: ignore[union-attr]
+        assert key(floor) <= key(bookworm[name.lower()]), dep
+
+
+def test_the_package_depends_on_what_kvagent_runs() -> None:
+    depends, recommends = field("Depends"), field("Recommends")
+    assert {"${python3:Depends}", "${misc:Depends}", "nvme-cli", "kmod"} <= set(depends)
+    assert {"lvm2", "xfsprogs", "fio"} <= set(recommends)
+
+
+def test_rules_rewrites_what_pyproject_and_the_unit_really_say() -> None:
+    """debian/rules edits pyproject's license line and the unit's ExecStart: both exist."""
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert re.search(r'^license = "[^"]+"$', pyproject, re.M)
+    unit = (REPO / "systemd" / "kvagent.service").read_text()
+    assert re.search(r"^ExecStart=/opt/kvagent/bin/kvagent run$", unit, re.M)
+    rules = (DEBIAN / "rules").read_text()
+    assert "dh_installsystemd --no-enable" in rules, "the unit must be installed disabled"
+
+
+def test_installed_files_exist() -> None:
+    for line in (DEBIAN / "kvagent.install").read_text().splitlines():
+        assert (REPO / line.split()[0]).exists(), line
+    for name in ("kvagent.docs", "kvagent.manpages"):
+        for line in (DEBIAN / name).read_text().split():
+            assert (REPO / line).exists(), line
+    assert (DEBIAN / "kvagent.tmpfiles").resolve() == REPO / "systemd/tmpfiles.d/kvagent.conf"
+    docs = [Path(p).name for p in (DEBIAN / "kvagent.docs").read_text().split()]
+    assert len(docs) == len(set(docs)), "two docs with one name overwrite each other"
+
+
+def test_default_config_is_valid_and_manages_nothing() -> None:
+    cfg = load_config(DEBIAN / "kvagent.yaml")
+    assert cfg.target is None or not (cfg.target.pools or cfg.target.ports)
+    assert cfg.initiator is None or not cfg.initiator.pools
+    proc = subprocess.run([str(Path(sys.executable).parent / "kvagent"), "config", "validate",
+                           str(DEBIAN / "kvagent.yaml")], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr

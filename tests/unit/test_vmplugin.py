@@ -1,0 +1,66 @@
+"""The kernel tier's plugin boots VMs only for kernel tests that are selected."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+CONFTEST = '''
+import os
+from pathlib import Path
+
+import tests.vmplugin as plugin
+
+
+def _run_group(self, group):  # records the boot instead of booting
+    with open(os.environ["BOOTS"], "a") as f:
+        f.write(group + "\\n")
+    self.results[group] = {}
+    return []
+
+
+plugin.KernelTier._run_group = _run_group
+'''
+
+TESTS = '''
+import pytest
+
+
+@pytest.mark.kernel(group="heavy")
+def test_in_the_vm():
+    pass
+
+
+def test_on_the_host():
+    pass
+'''
+
+
+def boots(tmp_path: Path, *args: str) -> list[str]:
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_sample.py").write_text(TESTS)
+    record = tmp_path / "boots.txt"
+    record.unlink(missing_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVAGENT_")}
+    env.update(PYTHONPATH=str(REPO), BOOTS=str(record))
+    subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.vmplugin", "-p",
+                    "no:cacheprovider", "-q", "-o", "markers=kernel", *args],
+                   cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+                   check=False)
+    return record.read_text().split() if record.exists() else []
+
+
+@pytest.mark.parametrize("selection", [["-m", "not kernel"], ["-k", "on_the_host"]])
+def test_deselected_kernel_groups_boot_no_vm(tmp_path: Path, selection: list[str]) -> None:
+    assert boots(tmp_path, *selection) == []
+
+
+def test_selected_kernel_groups_boot_their_vm(tmp_path: Path) -> None:
+    """Not vacuous: the same sample with the kernel test selected boots its group."""
+    assert boots(tmp_path, "-m", "kernel") == ["heavy"]

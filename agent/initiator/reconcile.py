@@ -126,6 +126,8 @@ def merge_record(old: PoolAttachment | None, new: PoolAttachment) -> PoolAttachm
         merged.subsystems = _union(old.subsystems, new.subsystems)
         merged.devices = _union(old.devices, new.devices)
         merged.mounts = _union(old.mounts, new.mounts)
+        if dataclasses.replace(merged, complete=old.complete) == old:
+            return old  # a re-attach that has found nothing new so far: the record stands
     return merged
 
 

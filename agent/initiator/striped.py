@@ -98,6 +98,8 @@ def ensure_striped_volume(pool: str, devices: list[str], runner: Runner, *,
         _lvcreate(runner, vg, len(blank))
         log.info("made striped volume", pool=pool, stripes=len(blank))
         return volume_path(pool), True
+    if exists(volume_path(pool)):  # active already (udev makes /dev/VG/LV on activation)
+        return volume_path(pool), False
     runner(["vgchange", "-ay", vg], timeout=LVM_TIMEOUT)
     lvs = runner(["lvs", "--noheadings", "-o", "lv_name", vg], timeout=LVM_TIMEOUT)
     if LV_NAME not in lvs.stdout.split():

@@ -70,7 +70,7 @@ class FakeHost:
         #: devices whose xfs superblock mkfs never finished (device -> superblock)
         self.superblocks: dict = {}
         r = FakeRunner()
-        r.on(["modprobe"])
+        r.on_call(["modprobe"], self._modprobe)
         r.on_call(["nvme", "discover"], self._discover)
         r.on_call(["nvme", "connect"], self._connect)
         r.on_call(["nvme", "list-ns"], self._list_ns)
@@ -284,6 +284,11 @@ node:
         vg = self.vgs.get(argv[-1])
         return self.ok(argv, "  data\n" if vg and vg.get("lv") else "")
 
+    def _modprobe(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        (self.root / "sys" / "module" / argv[-1].replace("-", "_")).mkdir(parents=True,
+                                                                          exist_ok=True)
+        return self.ok(argv)
+
     def _vgchange(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
         vg = argv[-1]
         if vg not in self.vgs:
@@ -291,4 +296,9 @@ node:
         if argv[1] == "-an" and self.refuse_vgchange_an:
             return self.ok(argv, rc=5, err=f"  Logical volume {vg}/data in use.\n")
         self.vgs[vg]["active"] = argv[1] == "-ay"
+        if self.vgs[vg].get("lv"):  # /dev/VG/LV exists while the LV is active
+            if argv[1] == "-ay":
+                self.numbers[f"/dev/{vg}/data"] = "253:0"
+            else:
+                self.numbers.pop(f"/dev/{vg}/data", None)
         return self.ok(argv)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent import failpoints
 from agent.engines.handoff import forget, hand_off
 from agent.initiator.reconcile import InitiatorPass, load_state, merge_record
 from agent.naming import filesystem_uuid
@@ -100,15 +101,20 @@ def test_one_apply_connects_formats_mounts_probes_and_renders(host: FakeHost) ->
     assert str(host.root / "mnt") in rec.created_dirs
 
 
-def test_second_apply_changes_nothing_and_runs_no_mutating_command(host: FakeHost) -> None:
-    run(host, pool_yaml(host))
+@pytest.mark.parametrize("layout", ["per-namespace", "striped"])
+def test_second_apply_takes_no_step(host: FakeHost, layout: str) -> None:
+    """A converged pass runs no command that changes anything and rewrites no record."""
+    run(host, pool_yaml(host, layout=layout))
     calls = len(host.runner.calls)
-    again = run(host, pool_yaml(host))
+    record = host.root / "state" / "initiator.json"
+    before = record.stat()
+    again = run(host, pool_yaml(host, layout=layout))
     assert again.ok and not again.changed, again.actions
-    mutating = [c for c in host.runner.calls[calls:]
-                if c[0] in ("mkfs.xfs", "mount", "umount", "vgcreate", "lvcreate")
-                or c[:2] in (("nvme", "connect"), ("nvme", "disconnect"))]
-    assert mutating == []
+    steps = [c for c in host.runner.calls[calls:] if failpoints.changes_something(c)]
+    assert steps == []
+    after = record.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), \
+        "the converged pass rewrote initiator.json"
 
 
 def test_converged_apply_reuses_the_recorded_probes(host: FakeHost) -> None:

@@ -33,8 +33,11 @@ def runner(pv_rows: list[tuple[str, str, str]], rc: int = 0, blkid: str = "",
             .on(["vgcreate"]).on(["lvcreate"]).on(["vgchange"]).on(["lvs"], lvs))
 
 
-def ensure_striped_volume(pool: str, devices: list[str], r: FakeRunner):  # type: ignore[no-untyped-def]
-    return striped.ensure_striped_volume(pool, devices, r, exists=lambda d: True)
+def ensure_striped_volume(pool: str, devices: list[str], r: FakeRunner,  # type: ignore[no-untyped-def]
+                          active: bool = False):
+    """``active``: the volume's /dev/VG/LV link exists (the namespaces always do)."""
+    return striped.ensure_striped_volume(
+        pool, devices, r, exists=lambda d: d in devices or (active and d == volume_path(pool)))
 
 
 def test_blank_devices_become_one_tagged_striped_volume() -> None:
@@ -52,6 +55,13 @@ def test_own_volume_group_is_activated_not_recreated() -> None:
     r = runner([(d, "kvs_kv", TAGS) for d in DEVS])
     assert ensure_striped_volume("kv", DEVS, r) == ("/dev/kvs_kv/data", False)
     assert r.ran("vgcreate") == [] and r.ran("vgchange") == [("vgchange", "-ay", "kvs_kv")]
+
+
+def test_an_active_volume_is_left_as_it_is() -> None:
+    """A converged pass: the volume is active already, nothing is run that changes it."""
+    r = runner([(d, "kvs_kv", TAGS) for d in DEVS])
+    assert ensure_striped_volume("kv", DEVS, r, active=True) == ("/dev/kvs_kv/data", False)
+    assert r.ran("vgcreate") == r.ran("vgchange") == r.ran("lvcreate") == []
 
 
 @pytest.mark.parametrize(("vg", "tags"), [

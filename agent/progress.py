@@ -37,6 +37,8 @@ GRACE = 15.0
 IDLE_BOUND = 30.0
 #: How often interruptible waits (:func:`sleep`, the runner) look at the stop flag.
 STOP_POLL = 0.2
+#: From the loop's end to the process's exit (the HTTP server's shutdown, the records).
+EXIT_BOUND = 5.0
 
 
 class Stopping(BaseException):

@@ -28,7 +28,7 @@ from click.testing import CliRunner
 
 from agent.cli.main import main
 from agent.naming import subsystem_nqn
-from agent.progress import STOP_POLL
+from agent.progress import EXIT_BOUND, STOP_POLL
 from agent.system.run import KILL_GRACE
 
 from . import kit
@@ -49,7 +49,6 @@ VG = "kvlife"
 WATCHDOG = 12.0
 #: SIGTERM to exit while a pass is in a step: the stop poll, the kill grace of the
 #: command in flight, the exit itself (docs/operations.md, "Stopping the agent").
-EXIT_BOUND = 5.0
 STOP_BOUND = STOP_POLL + KILL_GRACE + EXIT_BOUND
 ROOT = Path(__file__).resolve().parents[2]
 

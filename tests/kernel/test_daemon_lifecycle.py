@@ -5,7 +5,8 @@ One ``kvagent run`` with a 12 s watchdog ($WATCHDOG_USEC) and failpoints:
 counted, the next interval recovers) and ``command.lvcreate=sleep(30)`` (a step longer
 than the watchdog: pings go on from the supervisor thread). A reload adds a namespace,
 so lvcreate sleeps again: SIGTERM during that step ends the agent within the documented
-bound with the export, the connection and the mount in place. Then a GPU-only agent
+bound with the export, the connection and the mount in place, and the next pass
+finishes the namespace the stop cut short. Then a GPU-only agent
 whose pool was dropped while its storage is gone (port unlinked by hand, ctrl_loss_tmo
 forever): it refuses to unmount (no umount hangs), reports the pool, and /healthz answers.
 """
@@ -36,6 +37,7 @@ from .pools import (
     DRIVES,
     KVAGENT,
     Lab,
+    assert_ok,
     remove_volume_group,
     sha256_buffered,
     umount_all_under,
@@ -225,6 +227,12 @@ def test_watchdog_unexpected_error_sigterm_and_umount_hang(lab: Lab) -> None:
         ctrls = kit.controllers_for(nqn)
         assert ctrls and kit.read(ctrls[0] / "state") == "live", "the connection stays"
         assert os.path.ismount(mount), "the mount stays"
+        assert sha256_buffered(str(mount / "data"), 0, 1 << 20) == digest
+        # The next pass (in this process: no failpoints) finishes what the stop cut short.
+        finished = lab.apply()
+        assert_ok(finished)
+        lvs = kit.sh("lvs", "--noheadings", "-o", "lv_name", VG, timeout=120).stdout.split()
+        assert len(lvs) == 2 and os.path.ismount(lab.root / "mnt/kv/ns2"), lvs
         assert sha256_buffered(str(mount / "data"), 0, 1 << 20) == digest
 
         # (d) The GPU side alone (its own state: a copy of its record) drops the pool

@@ -192,8 +192,8 @@ def test_watchdog_unexpected_error_sigterm_and_umount_hang(lab: Lab) -> None:
                                for a in data.get("actions", [])) else {}
 
         second = wait_until(lvcreate_pass, 240, "the pass that creates the volume")
+        assert not [e for e in second["errors"] if e["role"] == "target"], second["errors"]
         wait_until(lambda: get(f"{base}/readyz")[0] == 200, 120, "/readyz 200 (recovered)")
-        assert second["ok"], second["errors"]
         took = second["finished_at"] - second["started_at"]
         assert took > WATCHDOG, f"the pass took {took:.0f}s, not longer than the watchdog"
         assert metric(base, "kvagent_apply_unexpected_errors_total") == 1.0
@@ -248,7 +248,7 @@ def test_watchdog_unexpected_error_sigterm_and_umount_hang(lab: Lab) -> None:
         gpu_config.write_text(f"""
 version: 1
 node: {{name: lab, state_dir: {gpu_state}, run_dir: {lab.root}/run2}}
-health: {{listen: "127.0.0.1:{port2}", interval: 3s}}
+health: {{listen: "127.0.0.1:{port2}", interval: 5s}}
 """)
         gpu, gpu_log = start(lab, gpu_config, "gpu.log", {})
         base2 = f"http://127.0.0.1:{port2}"
@@ -256,7 +256,7 @@ health: {{listen: "127.0.0.1:{port2}", interval: 3s}}
         wait_until(lambda: "no controller of the pool is live" in json.dumps(
             last_apply(gpu_state).get("errors")), 60, "the refused detach")
         answers = []
-        until = time.monotonic() + 10  # three more passes (interval 3s)
+        until = time.monotonic() + 12  # two more passes (interval 5s; /healthz stale at 15s)
         while time.monotonic() < until:
             asked = time.monotonic()
             code_h, _ = get(f"{base2}/healthz")

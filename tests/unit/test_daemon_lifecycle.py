@@ -117,3 +117,68 @@ def test_host_problems_show_errors_of_pools_not_listed() -> None:
          "the pool is live"),))
     problems = host_problems(Snapshot(0.0, 0.0, "n", last_apply=apply))
     assert any(p.startswith("apply: initiator pool gone: not unmounting") for p in problems)
+
+
+def test_a_real_agent_pings_through_a_long_step_and_stops_within_its_bound(
+        tmp_path: Path) -> None:
+    """``kvagent run`` as a process, with real signals: an apply request that waits for a
+    held lock is a step longer than the watchdog (pings go on), and SIGTERM during it
+    ends the agent within the stop bound (exit 0). No roles: nothing touches the host."""
+    import itertools
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from agent import daemonfiles
+    from agent.lock import apply_lock
+    from agent.progress import EXIT_BOUND, STOP_POLL
+    from agent.system.run import KILL_GRACE
+
+    config = tmp_path / "kvagent.yaml"
+    write_config(config, tmp_path, free_port())
+    sock_path = tmp_path / "n.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_path))
+    sock.settimeout(60)
+    watchdog = 2.0
+    env = {**os.environ, "NOTIFY_SOCKET": str(sock_path),
+           "WATCHDOG_USEC": str(int(watchdog * 1e6))}
+    env.pop("KVAGENT_FAILPOINTS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "agent", "-c", str(config), "run"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    pings: list[float] = []
+
+    def receive_until(field: str) -> None:
+        while True:
+            message = sock.recv(4096).decode().split("\n")
+            if "WATCHDOG=1" in message:
+                pings.append(time.monotonic())
+            if field in message:
+                return
+
+    try:
+        receive_until("READY=1")
+        run_dir = tmp_path / "run"
+        with apply_lock(run_dir):  # held: the agent's pass waits for it (a bounded step)
+            daemonfiles.new_request(run_dir, wait=True)
+            proc.send_signal(signal.SIGHUP)
+            receive_until("RELOADING=1")
+            waiting = time.monotonic()
+            while time.monotonic() - waiting < 3 * watchdog:  # a step past the watchdog
+                receive_until("WATCHDOG=1")
+            gaps = [b - a for a, b in itertools.pairwise(pings)]
+            assert max(gaps) < watchdog, f"gaps between pings: {gaps}"
+            stopped = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+            took = time.monotonic() - stopped
+        assert took <= STOP_POLL + KILL_GRACE + EXIT_BOUND, f"stopped after {took:.1f}s"
+        assert b"pass stopped at a step boundary" in proc.stderr.read()  # type: ignore[union-attr]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        sock.close()

@@ -4,10 +4,16 @@ A reconcile pass at start, then on an interval; a health collect on udev
 events for nvme and block devices (a pyudev monitor feeds the loop; the
 periodic pass is the full resync, since netlink can drop events); SIGHUP
 re-reads the config (an invalid one keeps the old config running and is
-reported) and runs a pass; SIGTERM/SIGINT stop the loop and NEVER tear anything
-down: exports, connections and mounts outlive the agent. systemd's notify
-protocol: ``READY=1`` after the first pass, ``STATUS=``, ``WATCHDOG=1`` from the
-loop, ``RELOADING=1``/``READY=1`` around reloads, ``STOPPING=1``.
+reported) and runs a pass; SIGTERM/SIGINT stop the pass at its next step boundary
+(the command in flight is killed; :mod:`agent.progress`) and the loop, and NEVER
+tear anything down: exports, connections and mounts outlive the agent. systemd's
+notify protocol: ``READY=1`` after the first pass, ``STATUS=``, ``WATCHDOG=1`` from
+a supervisor thread while the agent makes progress (:mod:`agent.health.watchdog`),
+``RELOADING=1``/``READY=1`` around reloads, ``STOPPING=1``.
+
+An exception kvagent does not expect, in a pool or escaping a whole pass, fails that
+pool or pass only: it is logged with its traceback, counted
+(``kvagent_apply_unexpected_errors_total``) and the next interval tries again.
 
 The agent records its pid and config file in ``node.run_dir``
 (:mod:`agent.daemonfiles`) so that ``kvagent apply`` asks it to reload (an apply
@@ -28,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import daemonfiles
+from . import daemonfiles, progress
 from .config import Config, ConfigError, load_config
 from .errors import KvagentError
 from .health import notify
@@ -36,10 +42,11 @@ from .health.collect import collect
 from .health.metrics import write_textfile
 from .health.server import HealthServer, SnapshotStore
 from .health.snapshot import ApplyBusy, ApplySummary, LoopCounters, Snapshot, overall_state
-from .lock import Busy, LockHolder
+from .health.watchdog import WatchdogSupervisor
+from .lock import Busy
 from .log import get_logger
 from .reconcile import run_pass
-from .result import RunResult
+from .result import UNEXPECTED_HINT, RunResult
 from .system.run import Runner, default_runner
 
 log = get_logger("daemon")
@@ -103,8 +110,13 @@ class Agent:
     # ----------------------------------------------------------------- signals
     def install_signals(self) -> None:
         signal.signal(signal.SIGHUP, lambda *_: self.events.put("reload"))
-        signal.signal(signal.SIGTERM, lambda *_: self.events.put("stop"))
-        signal.signal(signal.SIGINT, lambda *_: self.events.put("stop"))
+        signal.signal(signal.SIGTERM, lambda *_: self._stop_requested())
+        signal.signal(signal.SIGINT, lambda *_: self._stop_requested())
+
+    def _stop_requested(self) -> None:
+        """SIGTERM/SIGINT: the pass in flight stops at its next step boundary, then the loop."""
+        progress.request_stop()
+        self.events.put("stop")
 
     # ------------------------------------------------------------------- steps
     def reconcile(self, *, wait_for_lock: bool = False,
@@ -116,8 +128,13 @@ class Agent:
         started = time.time()
         try:
             result = run_pass(self.cfg, dry_run=False, runner=self.runner,
-                              wait_for_lock=wait_for_lock, rebind=rebind,
-                              on_lock_wait=self._lock_wait)
+                              wait_for_lock=wait_for_lock, rebind=rebind)
+        except progress.Stopping:
+            log.warning("pass stopped at a step boundary: the agent is stopping; the next "
+                        "start finishes it", seconds=round(time.time() - started, 1))
+            return KvagentError("the agent stopped (SIGTERM) during this pass",
+                                "exports, connections and mounts are left as they are; "
+                                "the agent's next pass finishes the work")
         except Busy as exc:
             self._skipped(exc)
             self.collect()
@@ -131,24 +148,34 @@ class Agent:
             self.last_apply = ApplySummary(time.time(), False, 0, 1, time.time() - started)
             self.collect()
             return exc if isinstance(exc, KvagentError) else KvagentError(str(exc))
+        except Exception as exc:  # a bug escaping the pass: this pass fails, the loop goes on
+            log.error("unexpected error in the apply pass", exc_info=exc)
+            self._not_busy()
+            message = f"unexpected error: {type(exc).__name__}: {exc}"
+            self.counters = dataclasses.replace(
+                self.counters, apply_runs=self.counters.apply_runs + 1,
+                apply_failures=self.counters.apply_failures + 1,
+                unexpected_errors=self.counters.unexpected_errors + 1)
+            self.last_apply = ApplySummary(time.time(), False, 0, 1, time.time() - started,
+                                           (("agent", None, message),), 1)
+            self.collect()
+            return KvagentError(message, UNEXPECTED_HINT)
         self._not_busy()
         failed = sum(1 for a in result.actions if a.status == "failed") + len(result.errors)
         self.counters = dataclasses.replace(
             self.counters, apply_runs=self.counters.apply_runs + 1,
-            apply_failures=self.counters.apply_failures + (0 if result.ok else 1))
+            apply_failures=self.counters.apply_failures + (0 if result.ok else 1),
+            unexpected_errors=self.counters.unexpected_errors + result.unexpected_errors)
         self.last_apply = ApplySummary(
             result.finished_at or time.time(), result.ok,
             sum(1 for a in result.actions if a.status == "done"), failed,
             (result.finished_at or time.time()) - started,
-            tuple((e.role, e.pool, e.message) for e in result.errors))
+            tuple((e.role, e.pool, e.message) for e in result.errors),
+            result.unexpected_errors)
         for e in result.errors:
             log.warning("apply problem", role=e.role, pool=e.pool, error=e.message, hint=e.hint)
         self.collect()
         return result
-
-    def _lock_wait(self, _holder: LockHolder | None) -> None:
-        """Waiting for the lock (an apply --wait request): systemd must not think us stuck."""
-        self.notifier.watchdog()
 
     def _skipped(self, exc: Busy) -> None:
         """A pass skipped: count it, log it (warning from the second in a row), record it."""
@@ -287,41 +314,14 @@ class Agent:
             raise
         udev = UdevFeed(self.events)
         udev.start()
+        progress.beat()
+        supervisor = WatchdogSupervisor(self.notifier).start()
         try:
-            self.notifier.watchdog()
-            self.reconcile()
-            self.notifier.ready()
-            log.info("agent ready", pools=len(self.store.get().pools) if self.store.get() else 0)
-            next_pass = self.clock() + self.cfg.health.interval
-            while True:
-                self.notifier.watchdog()
-                timeout = max(0.0, next_pass - self.clock())
-                wd = self.notifier.watchdog_interval()
-                if wd:
-                    timeout = min(timeout, wd / 2)
-                try:
-                    event = self.events.get(timeout=timeout)
-                except queue.Empty:
-                    event = "tick"
-                if event == "stop":
-                    break
-                if event == "reload":
-                    self.reload()
-                    next_pass = self.clock() + self.cfg.health.interval
-                elif event == "udev":
-                    self._drain_udev()
-                    self.collect()
-                elif self.clock() >= next_pass:
-                    # Observe first, then heal: an outage the pass repairs (an unlinked
-                    # port, say) still shows in the snapshot while the pass runs.
-                    self.collect()
-                    self.reconcile()
-                    next_pass = self.clock() + self.cfg.health.interval
-                else:  # woke up for the watchdog only: keep /healthz fresh
-                    snap = self.store.get()
-                    if snap is not None:
-                        self.store.set(snap.ticked(taken_at=time.time(), tick_at=self.clock()))
+            self._loop()
+        except progress.Stopping:
+            pass  # SIGTERM during a collect or a reload: stop as between passes
         finally:
+            supervisor.stop()
             self.notifier.stopping()
             udev.stop()
             if self.server is not None:
@@ -330,6 +330,45 @@ class Agent:
             daemonfiles.unregister_daemon(self.run_dir)
             log.info("agent stopped; exports, connections and mounts are left in place")
         return 0
+
+    def _loop(self) -> None:
+        """The first pass, then events and intervals until a stop is requested."""
+        if progress.stop_requested():
+            return
+        self.reconcile()
+        self.notifier.ready()
+        log.info("agent ready", pools=len(self.store.get().pools) if self.store.get() else 0)
+        next_pass = self.clock() + self.cfg.health.interval
+        while True:
+            progress.beat()  # the loop is alive (the watchdog supervisor reads it)
+            # Wake often enough to beat within IDLE_BOUND and to keep /healthz fresh
+            # (systemd's watchdog interval).
+            timeout = min(max(0.0, next_pass - self.clock()), progress.IDLE_BOUND / 3)
+            wd = self.notifier.watchdog_interval()
+            if wd:
+                timeout = min(timeout, wd / 2)
+            try:
+                event = self.events.get(timeout=timeout)
+            except queue.Empty:
+                event = "tick"
+            if event == "stop" or progress.stop_requested():
+                break
+            if event == "reload":
+                self.reload()
+                next_pass = self.clock() + self.cfg.health.interval
+            elif event == "udev":
+                self._drain_udev()
+                self.collect()
+            elif self.clock() >= next_pass:
+                # Observe first, then heal: an outage the pass repairs (an unlinked
+                # port, say) still shows in the snapshot while the pass runs.
+                self.collect()
+                self.reconcile()
+                next_pass = self.clock() + self.cfg.health.interval
+            else:  # woke up for the watchdog only: keep /healthz fresh
+                snap = self.store.get()
+                if snap is not None:
+                    self.store.set(snap.ticked(taken_at=time.time(), tick_at=self.clock()))
 
     def _drain_udev(self) -> None:
         deadline = time.monotonic() + UDEV_DEBOUNCE

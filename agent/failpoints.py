@@ -14,8 +14,10 @@ The spec is a ``;``-separated list:
 ``kill-after=KIND#N``   ... right after its N-th step of kind KIND (``record``, ...)
 ``cut-after=N``, ``cut-after=KIND#N``  cut the power instead (see below)
 ``log=PATH``            append ``N<TAB>kind<TAB>subject`` to PATH for every step
-``NAME=sleep(S)``       sleep S seconds when point NAME is reached
+``NAME=sleep(S)``       sleep S seconds when point NAME is reached (a SIGTERM ends the
+                        sleep as it would kill a long command: :func:`agent.progress.sleep`)
 ``NAME=raise``          raise :class:`FailpointError` (not a KvagentError) at point NAME
+``NAME=raise-once``     ... only the first time point NAME is reached (the next pass recovers)
 ``NAME=kill``           SIGKILL this process at point NAME
 ``NAME=cut-later(S)``   cut the power S seconds after point NAME (while what follows runs)
 
@@ -32,6 +34,8 @@ import threading
 import time
 from collections.abc import Sequence
 from typing import Any
+
+from . import progress
 
 ENV = "KVAGENT_FAILPOINTS"
 
@@ -127,11 +131,14 @@ class _Active:
             return
         if action == "raise":
             raise FailpointError(f"failpoint {name}")
+        if action == "raise-once":
+            self.actions[name] = "off"
+            raise FailpointError(f"failpoint {name} (once)")
         if action == "kill":
             _kill()
         m = re.fullmatch(r"(sleep|cut-later)\(([\d.]+)\)", action)
         if m and m.group(1) == "sleep":
-            time.sleep(float(m.group(2)))
+            progress.sleep(float(m.group(2)))
         elif m:
             delay = float(m.group(2))
             threading.Thread(target=lambda: (time.sleep(delay), cut_power()),

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import progress
 from .errors import KvagentError
 from .rundir import (
     open_private_file,
@@ -85,29 +86,31 @@ def apply_lock(run_dir: str | os.PathLike[str], *, wait: bool = False,
     """Hold ``<run_dir>/apply.lock`` exclusively; raise :class:`Busy`, or wait with ``wait``.
 
     While waiting, ``on_wait(holder)`` is called at every retry (a few times a second):
-    the CLI prints a message once, the daemon pings systemd's watchdog.
+    the CLI prints a message once. The wait is a bounded step (``timeout``) for the
+    daemon's watchdog supervisor (:mod:`agent.progress`).
     """
     path = lock_path(run_dir)
     with private_dir(run_dir) as dir_fd:
         fd = open_private_file(dir_fd, LOCK_FILE, path, os.O_RDWR | os.O_CREAT)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                holder = lock_holder(path)
-                if not wait:
-                    raise Busy(*busy_message(path, holder), holder=holder) from None
-                if time.monotonic() > deadline:
-                    held = f" (held by {holder.describe()})" if holder else ""
-                    raise Busy(f"gave up after {timeout:g}s waiting for the apply lock {path}"
-                               f"{held}", busy_message(path, holder)[1],
-                               holder=holder) from None
-                if on_wait is not None:
-                    on_wait(holder)
-                time.sleep(0.2)
+        with progress.step("waiting for the apply lock", timeout if wait else 0.0):
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    holder = lock_holder(path)
+                    if not wait:
+                        raise Busy(*busy_message(path, holder), holder=holder) from None
+                    if time.monotonic() > deadline:
+                        held = f" (held by {holder.describe()})" if holder else ""
+                        raise Busy(f"gave up after {timeout:g}s waiting for the apply lock "
+                                   f"{path}{held}", busy_message(path, holder)[1],
+                                   holder=holder) from None
+                    if on_wait is not None:
+                        on_wait(holder)
+                    progress.sleep(0.2)  # a bounded step; SIGTERM ends the wait
         yield
     finally:
         os.close(fd)

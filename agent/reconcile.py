@@ -8,9 +8,12 @@ from collections.abc import Callable, Iterable
 from .config import Config
 from .errors import KvagentError
 from .lock import LockHolder, apply_lock
+from .log import get_logger
 from .records import write_last_apply
 from .result import RunResult
 from .system.run import Runner, default_runner
+
+log = get_logger("reconcile")
 
 
 def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
@@ -39,8 +42,8 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
         try:
             TargetPass(cfg, runner, result, dry_run=dry_run, rebind=rebind).run()
         except Exception as exc:  # a bug must not stop the GPU side from attaching
-            result.error("target", None, f"unexpected error: {type(exc).__name__}: {exc}",
-                         "this is a kvagent bug; run with -v and report it")
+            log.error("unexpected error in the storage side's pass", exc_info=exc)
+            result.unexpected("target", None, exc)
         for mounted in initiator.attach_configured():
             # The engines' hand-off: its own step, after the pool is mounted.
             try:
@@ -50,6 +53,10 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
                 result.error("initiator", mounted.pool.name,
                              getattr(exc, "message", None) or str(exc),
                              getattr(exc, "hint", None))
+            except Exception as exc:  # a bug: this pool's engines fail alone
+                log.error("unexpected error handing a pool to its engines",
+                          pool=mounted.pool.name, exc_info=exc)
+                result.unexpected("initiator", mounted.pool.name, exc)
 
     if dry_run:
         passes()

@@ -30,6 +30,13 @@ class ErrorRecord:
     pool: str | None
     message: str
     hint: str | None = None
+    #: An exception kvagent did not expect (a bug): counted apart by the agent.
+    unexpected: bool = False
+
+
+#: The hint of an unexpected error.
+UNEXPECTED_HINT = ("this is a kvagent bug: the agent's log has the traceback; the next pass "
+                   "retries; please report it")
 
 
 @dataclass
@@ -54,6 +61,18 @@ class RunResult:
 
     def error(self, role: str, pool: str | None, message: str, hint: str | None = None) -> None:
         self.errors.append(ErrorRecord(role, pool, message, hint))
+
+    def unexpected(self, role: str, pool: str | None, exc: BaseException,
+                   context: str = "") -> None:
+        """Record an exception kvagent did not expect (the caller logs its traceback)."""
+        self.errors.append(ErrorRecord(
+            role, pool, f"{context}unexpected error: {type(exc).__name__}: {exc}",
+            UNEXPECTED_HINT, unexpected=True))
+
+    @property
+    def unexpected_errors(self) -> int:
+        """How many of the errors were unexpected exceptions."""
+        return sum(1 for e in self.errors if e.unexpected)
 
     def to_json(self) -> dict:
         return {

@@ -24,9 +24,11 @@ def run(ctx: click.Context) -> None:
     """Run the agent: apply at start and on an interval, serve /metrics, /healthz, /readyz.
 
     SIGHUP re-reads the config (a broken one is refused, the old one keeps
-    running) and runs a pass; kvagent apply uses it too. SIGTERM stops the agent
-    and leaves exports, connections and mounts in place. Speaks systemd's notify
-    protocol when $NOTIFY_SOCKET is set. Records its pid and config file in
+    running) and runs a pass; kvagent apply uses it too. SIGTERM kills the
+    command in flight, stops the pass at that step and the agent (exit 0), and
+    leaves exports, connections and mounts in place; the next start finishes the
+    pass. Speaks systemd's notify protocol when $NOTIFY_SOCKET is set (WATCHDOG=1
+    while every step stays within its bound). Records its pid and config file in
     node.run_dir while it runs (one agent per run directory).
     """
     cfg = load_cli_config()

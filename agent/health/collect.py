@@ -98,7 +98,8 @@ def last_apply_summary(cfg: Config) -> ApplySummary | None:
         + len(data.get("errors", [])),
         duration_seconds=(finished - started) if started else None,
         errors=tuple((e.get("role", ""), e.get("pool"), e.get("message", ""))
-                     for e in data.get("errors", [])))
+                     for e in data.get("errors", [])),
+        unexpected=sum(1 for e in data.get("errors", []) if e.get("unexpected")))
 
 
 def _with_apply_errors(pool: PoolHealth, last: ApplySummary) -> PoolHealth:

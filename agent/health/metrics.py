@@ -110,6 +110,9 @@ def snapshot_families(snapshot: Snapshot | None) -> list[Metric]:
             {}, s.counters.apply_runs)
     f.count("kvagent_apply_failures", "Reconcile passes that failed since the agent started.",
             {}, s.counters.apply_failures)
+    f.count("kvagent_apply_unexpected_errors", "Exceptions kvagent did not expect (bugs) in "
+            "reconcile passes since the agent started: each failed its pool or its pass, "
+            "the traceback is in the log.", {}, s.counters.unexpected_errors)
     f.count("kvagent_apply_busy", "Reconcile passes skipped because another process held "
             "the apply lock.", {}, s.counters.apply_busy)
     f.set("kvagent_apply_busy_passes", "Reconcile passes skipped in a row, now, because "

@@ -6,8 +6,9 @@ for the abstract namespace). Without ``$NOTIFY_SOCKET`` (not started by
 systemd, or Type= is not notify) every call is a no-op that returns False.
 
 Sequence the agent uses (see systemd/kvagent.service):
-``READY=1`` after the first pass; ``STATUS=...`` after each; ``WATCHDOG=1`` from
-the loop itself (a stuck loop stops pinging and systemd restarts it);
+``READY=1`` after the first pass; ``STATUS=...`` after each; ``WATCHDOG=1`` from a
+supervisor thread while the agent makes progress (:mod:`agent.health.watchdog`: a
+wedged step stops the pings and systemd restarts it);
 ``RELOADING=1`` + ``MONOTONIC_USEC`` when a SIGHUP reload starts and ``READY=1``
 when it ends; ``STOPPING=1`` on SIGTERM.
 """

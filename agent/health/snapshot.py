@@ -200,6 +200,8 @@ class ApplySummary:
     duration_seconds: float | None = None
     #: The pass's errors as (role, pool or None, message): a pool's errors degrade it.
     errors: tuple[tuple[str, str | None, str], ...] = ()
+    #: How many of the errors were exceptions kvagent did not expect (bugs).
+    unexpected: int = 0
 
     def pool_errors(self, role: str, pool: str) -> list[str]:
         return [m for r, p, m in self.errors if r == role and p == pool]
@@ -217,6 +219,8 @@ class LoopCounters:
     apply_busy: int = 0
     #: Passes skipped in a row, now (0 once a pass runs): a gauge, not a count.
     apply_busy_passes: int = 0
+    #: Exceptions kvagent did not expect (bugs), in a pool or escaping a whole pass.
+    unexpected_errors: int = 0
 
 
 @dataclass(frozen=True)
@@ -302,8 +306,19 @@ def host_problems(snapshot: Snapshot) -> tuple[str, ...]:
     if snapshot.config_error is not None:
         lines.append(f"config: reload refused, old config still running: "
                      f"{snapshot.config_error}")
-    if snapshot.last_apply is not None and not snapshot.last_apply.ok:
-        lines.append(f"apply: last pass failed ({snapshot.last_apply.failed} action(s) failed)")
+    apply = snapshot.last_apply
+    if apply is not None and not apply.ok:
+        lines.append(f"apply: last pass failed ({apply.failed} action(s) failed)")
+        if apply.unexpected:
+            lines.append(f"apply: {apply.unexpected} unexpected error(s) in the last pass (a "
+                         "kvagent bug: the traceback is in the agent's log; the next pass "
+                         "retries)")
+        # Errors of no pool listed below (the host's, or a pool the config dropped whose
+        # detach failed): shown here, since no pool line carries them.
+        listed = {(p.role, p.name) for p in snapshot.pools}
+        lines.extend(f"apply: {role} pool {pool}: {message}" if pool else
+                     f"apply: {role}: {message}"
+                     for role, pool, message in apply.errors if (role, pool) not in listed)
     if snapshot.apply_busy is not None and snapshot.apply_busy.stuck:
         lines.append(snapshot.apply_busy.problem())
     for pool in snapshot.pools:

@@ -107,6 +107,7 @@ def to_status_json(snapshot: Snapshot) -> dict[str, Any]:
         "last_apply": None if apply is None else {
             "finished_at": _iso(apply.finished_at), "ok": apply.ok, "changed": apply.changed,
             "failed": apply.failed, "duration_seconds": apply.duration_seconds,
+            "unexpected_errors": apply.unexpected,
         },
         "apply_busy": _busy_json(snapshot.apply_busy),
         "pools": [_pool_json(p, snapshot) for p in snapshot.pools],
@@ -119,6 +120,7 @@ def to_status_json(snapshot: Snapshot) -> dict[str, Any]:
             "config_reload_failures": snapshot.counters.config_reload_failures,
             "apply_busy": snapshot.counters.apply_busy,
             "apply_busy_passes": snapshot.counters.apply_busy_passes,
+            "unexpected_errors": snapshot.counters.unexpected_errors,
         },
     }
 

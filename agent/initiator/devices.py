@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
 
+from .. import progress
 from ..errors import KvagentError
 from ..log import get_logger
 from .sysfs import NamespaceHead, Sysfs
@@ -143,6 +144,7 @@ def wait_for_namespaces(sysfs: Sysfs, subsysnqn: str, nsids: Sequence[int], *,
                         found[nsid] = dev
             if len(found) == len(wanted):
                 break
+            progress.checkpoint()  # SIGTERM: stop waiting
             remaining = deadline - clock()
             if remaining <= 0:
                 missing = [n for n in wanted if n not in found]

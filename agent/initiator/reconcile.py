@@ -27,6 +27,7 @@ from pathlib import Path
 
 from nvmet.ids import read_host_identity
 
+from .. import progress
 from ..config.model import XFS_MIN_BYTES, Config, InitiatorPool
 from ..errors import KvagentError
 from ..log import get_logger
@@ -74,7 +75,7 @@ class HostSeams:
     devnum: Callable[[str], str] = device_number
     exists: Callable[[str], bool] = os.path.exists
     superblock: Callable[[str], XfsSuperblock | None] = read_xfs_superblock
-    sleep: Callable[[float], None] = time.sleep
+    sleep: Callable[[float], None] = progress.sleep  # ends early on SIGTERM
     clock: Callable[[], float] = time.monotonic
 
 
@@ -150,11 +151,14 @@ class InitiatorPass:
             "initiator", pool, kind, subject, detail,
             status or ("planned" if self.dry_run else "done")))
 
-    def _fail(self, pool: str | None, exc: BaseException) -> None:
+    def _fail(self, pool: str | None, exc: Exception) -> None:
         if isinstance(exc, KvagentError):
             self.result.error("initiator", pool, exc.message, exc.hint)
-        else:
+        elif isinstance(exc, OSError):
             self.result.error("initiator", pool, f"{type(exc).__name__}: {exc}")
+        else:  # a bug or an unforeseen error: this pool fails alone
+            log.error("unexpected error", pool=pool, exc_info=exc)
+            self.result.unexpected("initiator", pool, exc)
 
     def run(self) -> list[MountedPool]:
         """Detach the pools the config dropped, then attach the configured ones."""
@@ -174,7 +178,7 @@ class InitiatorPass:
         for name in sorted(set(state) - configured):
             try:
                 self._detach(name, state[name])
-            except (KvagentError, OSError) as exc:
+            except Exception as exc:  # expected or not, it fails this pool alone
                 self._fail(name, exc)
                 continue
             detached.append(name)
@@ -337,7 +341,8 @@ class InitiatorPass:
             if not nsids:
                 raise KvagentError(f"{nqn} has no namespaces for this host",
                                    "check the pool on the storage host (kvagent status there)")
-            found = wait_for_namespaces(self.sysfs, nqn, nsids, timeout=wait)
+            with progress.step(f"waiting for the namespaces of {nqn}", wait):
+                found = wait_for_namespaces(self.sysfs, nqn, nsids, timeout=wait)
             record.devices += [AttachedDevice(d.subsysnqn, d.nsid, d.uuid, d.device)
                                for d in found]
             devices += found
@@ -359,6 +364,10 @@ class InitiatorPass:
     def _live_controller(self, nqn: str, controllers: list[Controller],
                          wait: float) -> Controller:
         """A live controller among ``controllers``, waiting up to ``wait`` s for a reconnect."""
+        with progress.step(f"waiting for a live controller of {nqn}", wait):
+            return self._wait_live(nqn, controllers, wait)
+
+    def _wait_live(self, nqn: str, controllers: list[Controller], wait: float) -> Controller:
         deadline = self.seams.clock() + wait
         names = list(dict.fromkeys(c.name for c in controllers))
         while True:

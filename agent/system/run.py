@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .. import failpoints
+from .. import failpoints, progress
 from ..errors import KvagentError
 from ..log import get_logger
 
@@ -101,28 +101,17 @@ class SubprocessRunner:
         args = tuple(str(a) for a in argv)
         full_env = {**os.environ, **self.default_env, **(env or {})}
         _reap_abandoned()
-        failpoints.point(f"command.{os.path.basename(args[0])}")
-        started = time.monotonic()
-        try:
-            proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, env=full_env,
-                                    stdin=subprocess.PIPE if input is not None
-                                    else subprocess.DEVNULL)
-        except FileNotFoundError:
-            raise CommandNotFound(args[0]) from None
-        try:
-            stdout, stderr = proc.communicate(input, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        with progress.step(f"command {os.path.basename(args[0])}", timeout + KILL_GRACE):
+            failpoints.point(f"command.{os.path.basename(args[0])}")
+            started = time.monotonic()
             try:
-                proc.communicate(timeout=KILL_GRACE)
-            except subprocess.TimeoutExpired:
-                log.error("command stuck after kill; leaving it behind", argv=list(args),
-                          pid=proc.pid, timeout=timeout)
-                _abandon(proc)
-                raise CommandTimeout(args, timeout, stuck=True) from None
-            log.warning("command timed out", argv=list(args), timeout=timeout)
-            raise CommandTimeout(args, timeout) from None
+                proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, env=full_env,
+                                        stdin=subprocess.PIPE if input is not None
+                                        else subprocess.DEVNULL)
+            except FileNotFoundError:
+                raise CommandNotFound(args[0]) from None
+            stdout, stderr = _communicate(proc, args, input, timeout)
         result = CommandResult(args, proc.returncode, stdout, stderr,
                                time.monotonic() - started)
         if failpoints.changes_something(args):
@@ -132,6 +121,42 @@ class SubprocessRunner:
         if check and not result.ok:
             raise CommandError(result)
         return result
+
+
+def _communicate(proc: subprocess.Popen[str], args: tuple[str, ...], input: str | None,
+                 timeout: float) -> tuple[str, str]:
+    """``proc``'s output; kill it past ``timeout``, or at once when the agent is stopping.
+
+    Looks at the stop flag every :data:`~agent.progress.STOP_POLL` s (SIGTERM interrupts
+    the wait; the handler only sets the flag). A killed child is waited for at most
+    :data:`KILL_GRACE` s, then left behind.
+    """
+    deadline = time.monotonic() + timeout
+    pending = input
+    while True:
+        try:
+            return proc.communicate(pending, timeout=min(progress.STOP_POLL,
+                                                         max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            pending = None  # communicate() keeps what it has sent; never send it twice
+        stopping = progress.stop_requested()
+        if not stopping and time.monotonic() < deadline:
+            continue
+        proc.kill()
+        try:
+            proc.communicate(timeout=KILL_GRACE)
+        except subprocess.TimeoutExpired:
+            log.error("command stuck after kill; leaving it behind", argv=list(args),
+                      pid=proc.pid, timeout=timeout)
+            _abandon(proc)
+            if stopping:
+                raise progress.Stopping() from None
+            raise CommandTimeout(args, timeout, stuck=True) from None
+        if stopping:
+            log.warning("command killed: the agent is stopping", argv=list(args))
+            raise progress.Stopping()
+        log.warning("command timed out", argv=list(args), timeout=timeout)
+        raise CommandTimeout(args, timeout) from None
 
 
 #: Children that could not be reaped after a kill (stuck in the kernel), reaped later.

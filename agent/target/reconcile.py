@@ -29,7 +29,7 @@ from nvmet.errors import AddressNotAvailable, NvmetError, NvmetUnavailable, Plan
 from nvmet.model import Namespace, Port, Subsystem, Tree, canonical
 from nvmet.planner import Action
 
-from .. import failpoints
+from .. import failpoints, progress
 from ..config.model import Config, TargetPool
 from ..errors import KvagentError
 from ..log import get_logger
@@ -43,6 +43,9 @@ from .backings.base import BackingPlan, PassContext, Volume
 from .desired import pool_layout, pool_nqn
 from .export import desired_hosts, desired_port, export_pool
 from .usage import device_usage
+
+#: What one round of configfs writes may take, on top of ``target.address_wait``.
+APPLY_ROUND_BOUND = 30.0
 
 log = get_logger("target")
 Key = tuple[str | None, int]
@@ -219,10 +222,10 @@ class TargetPass:
             except KvagentError as exc:
                 plan = BackingPlan(errors=[f"pool {pool.name}: {exc}"])
             except Exception as exc:  # a bug or an unforeseen error: this pool fails alone
-                log.error("unexpected error planning a pool", pool=pool.name,
-                          error=f"{type(exc).__name__}: {exc}")
-                plan = BackingPlan(errors=[f"pool {pool.name}: unexpected error: "
-                                           f"{type(exc).__name__}: {exc}"])
+                log.error("unexpected error planning a pool", pool=pool.name, exc_info=exc)
+                self.result.unexpected("target", pool.name, exc, f"pool {pool.name}: ")
+                plans[pool.name] = BackingPlan(errors=[self.result.errors[-1].message])
+                continue
             for message in plan.errors:
                 self.result.error("target", pool.name, message)
             for w in plan.withheld:
@@ -308,10 +311,18 @@ class TargetPass:
                 try:
                     step.run()
                 except Exception as exc:  # expected or not, it fails this pool alone
-                    message = str(exc) if isinstance(exc, (KvagentError, OSError)) else \
+                    expected = isinstance(exc, (KvagentError, OSError))
+                    message = str(exc) if expected else \
                         f"unexpected error: {type(exc).__name__}: {exc}"
                     self._act(name, step.kind, step.subject, step.detail, "failed", message)
-                    self.result.error("target", name, f"{step.kind} {step.subject}: {message}")
+                    if expected:
+                        self.result.error("target", name,
+                                          f"{step.kind} {step.subject}: {message}")
+                    else:
+                        log.error("unexpected error in a step", pool=name, step=step.kind,
+                                  exc_info=exc)
+                        self.result.unexpected("target", name, exc,
+                                               f"{step.kind} {step.subject}: ")
                     newly_failed.add(name)
                     break
                 self._act(name, step.kind, step.subject, step.detail, "done")
@@ -417,9 +428,13 @@ class TargetPass:
                      waited=round(state.seconds_since_start, 1), limit=wait)
 
         started = time.monotonic()
-        final = Retrying(retry=retry_if_result(address_missing), stop=stop_after_delay(wait),
-                         wait=wait_fixed(1), before_sleep=before_sleep,
-                         retry_error_callback=lambda s: s.outcome.result())(one_round)
+        # One bounded step for the watchdog: the rounds of configfs writes (each well
+        # under APPLY_ROUND_BOUND) and the wait for addresses between them.
+        with progress.step("nvmet apply and target.address_wait", wait + APPLY_ROUND_BOUND):
+            final = Retrying(retry=retry_if_result(address_missing),
+                             stop=stop_after_delay(wait), wait=wait_fixed(1),
+                             sleep=progress.sleep, before_sleep=before_sleep,
+                             retry_error_callback=lambda s: s.outcome.result())(one_round)
         for res in rounds:
             for a in res.done:
                 if a.key not in {f.key for f, _ in final.failed}:

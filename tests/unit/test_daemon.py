@@ -67,11 +67,12 @@ def test_loop_notifies_serves_refuses_broken_reload_and_stops(tmp_path: Path,
     write_config(config, tmp_path, port)
     runner = FakeRunner()  # no roles and no drives: the loop must not run any command
     agent = Agent(str(config), load_config(config), runner=runner,
-                  notifier=Notifier(env={"NOTIFY_SOCKET": str(sock_path)}))
+                  notifier=Notifier(env={"NOTIFY_SOCKET": str(sock_path),
+                                         "WATCHDOG_USEC": "2000000"}))
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()
     first = receive_until(sock, "READY=1")
-    assert any("WATCHDOG=1" in m for m in first), "the loop pings the watchdog itself"
+    assert any("WATCHDOG=1" in m for m in first), "the supervisor pings from the start"
     assert any(m.startswith("STATUS=ok") for m in first)
 
     status, _body = get(f"http://127.0.0.1:{port}/healthz")

@@ -68,13 +68,21 @@ def test_kill_after_the_nth_step(tmp_path: Path) -> None:
 
 def test_named_points_raise_or_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
     slept: list[float] = []
-    monkeypatch.setattr(failpoints.time, "sleep", slept.append)
+    monkeypatch.setattr(failpoints.progress, "sleep", slept.append)  # SIGTERM ends it
     failpoints.configure("target.plan=raise;command.lvcreate=sleep(2.5)")
     with pytest.raises(failpoints.FailpointError):
         failpoints.point("target.plan")
     failpoints.point("command.lvcreate")
     failpoints.point("somewhere.else")
     assert slept == [2.5]
+
+
+def test_raise_once_raises_the_first_time_only() -> None:
+    failpoints.configure("target.plan=raise-once")
+    with pytest.raises(failpoints.FailpointError, match="once"):
+        failpoints.point("target.plan")
+    failpoints.point("target.plan")  # the next pass goes through
+    failpoints.point("target.plan")
 
 
 def test_a_trigger_can_count_one_kind_of_step(tmp_path: Path) -> None:

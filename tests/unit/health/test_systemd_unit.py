@@ -151,3 +151,27 @@ def test_tmpfiles_config_applies(tmp_path) -> None:
     assert result.returncode == 0 and result.stderr == "", result.stderr
     assert (root / "run" / "kvagent").stat().st_mode & 0o777 == 0o700
     assert (root / "var" / "lib" / "kvagent").stat().st_mode & 0o777 == 0o700
+
+
+def _seconds(directive: str) -> float:
+    (value,) = re.findall(rf"^{directive}=(\S+)$", UNIT.read_text(), re.M)
+    m = re.fullmatch(r"(\d+)(s|min)", value)
+    assert m, f"{directive}={value}: expected Ns or Nmin"
+    return int(m.group(1)) * (60 if m.group(2) == "min" else 1)
+
+
+def test_stop_and_watchdog_timeouts_follow_the_agents_bounds() -> None:
+    """TimeoutStopSec covers a stop between steps and inside one; the watchdog covers the
+    supervisor's silence between pings (the arithmetic is in the unit's comments)."""
+    from agent.health.watchdog import PINGS_PER_INTERVAL
+    from agent.progress import EXIT_BOUND, IDLE_BOUND, STOP_POLL
+    from agent.system.run import KILL_GRACE
+
+    stop = max(IDLE_BOUND, STOP_POLL + KILL_GRACE) + EXIT_BOUND
+    assert _seconds("TimeoutStopSec") >= stop + 10, "10 s of margin over the stop bound"
+    watchdog = _seconds("WatchdogSec")
+    assert watchdog / PINGS_PER_INTERVAL <= 15, "pings at least every 15 s"
+    assert watchdog - watchdog / PINGS_PER_INTERVAL >= 30, "30 s or more of slack"
+    text = UNIT.read_text()
+    assert "between the steps of a pass" not in text and "abandons" not in text, \
+        "the old claims (pings between steps, an abandoned command) are gone"

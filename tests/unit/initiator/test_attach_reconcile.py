@@ -448,7 +448,9 @@ def test_an_unexpected_error_fails_that_pool_only(host: FakeHost,
     monkeypatch.setattr(initiator, "wait_for_namespaces", boom_once)
     result = run(host, pool_yaml(host, name="kv", layout="striped", engines="")
                  + pool_yaml(host, name="two", engines="", subsystem=NQN))
-    assert [(e.pool, e.message) for e in result.errors] == [("kv", "ZeroDivisionError: a bug")]
+    assert [(e.pool, e.message, e.unexpected) for e in result.errors] == [
+        ("kv", "unexpected error: ZeroDivisionError: a bug", True)]
+    assert result.unexpected_errors == 1
     assert state(host)["kv"].subsystems, "what was connected is recorded for a detach"
     assert state(host)["two"].complete
 

@@ -43,6 +43,7 @@ ADDR_ORDER = ("trtype", "adrfam", "traddr", "trsvcid", "treq", "tsas", "portid")
 _TRUE = {"1", "y", "yes", "true", "on"}
 _FALSE = {"0", "n", "no", "false", "off"}
 _VERSION_RE = re.compile(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?\s*$")
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 class FrozenMap(Mapping[K, V], Generic[K, V]):
@@ -56,6 +57,23 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
 
     def __getitem__(self, key: K) -> V:
         return self._data[key]
+
+    # The Mapping mixins go through __getitem__ and exceptions; the planner calls these
+    # per namespace, so they go straight to the dict.
+    def get(self, key: K, default: Any = None) -> Any:
+        return self._data.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def keys(self) -> Any:
+        return self._data.keys()
+
+    def items(self) -> Any:
+        return self._data.items()
+
+    def values(self) -> Any:
+        return self._data.values()
 
     def __iter__(self) -> Iterator[K]:
         return iter(self._data)
@@ -110,6 +128,8 @@ def canonical(name: str, value: Any) -> str:
         except ValueError:
             return text
     if name in ("device_uuid", "device_nguid"):
+        if _UUID_RE.fullmatch(text):
+            return text  # already as the kernel shows it
         try:
             return str(uuid.UUID(text))
         except ValueError:
@@ -185,7 +205,8 @@ class Namespace:
             out["ana_grpid"] = str(self.ana_grpid)
         if self.enable is not None:
             out["enable"] = "1" if self.enable else "0"
-        out.update(self.attrs)
+        if self.attrs:
+            out.update(self.attrs.items())
         return out
 
 

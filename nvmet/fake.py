@@ -36,7 +36,7 @@ import random
 import re
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -357,6 +357,11 @@ class FakeConfigFS:
                 if not isinstance(self._lookup(path), _Dir):  # ENOENT when path is gone
                     raise _err(E.ENOTDIR, path) from None
         return out
+
+    def read_each(self, path: str, children: Sequence[str],
+                  names: Iterable[str]) -> list[dict[str, str]]:
+        names = tuple(names)
+        return [self.read_attrs(f"{path}/{c}", names) for c in children]
 
     def children(self, path: str) -> tuple[list[str], list[str], list[str]]:
         entries = self.list(path)

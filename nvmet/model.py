@@ -163,6 +163,12 @@ class Host:
         object.__setattr__(self, "attrs", _attrs("", self.attrs))
 
 
+#: The attribute files :class:`Namespace` has fields for.
+_NS_FIELDS = frozenset({"device_path", "device_uuid", "device_nguid", "enable", "ana_grpid",
+                        "buffered_io"})
+_EMPTY: FrozenMap[str, str] = FrozenMap()
+
+
 @dataclass(frozen=True)
 class Namespace:
     """``subsystems/<nqn>/namespaces/<nsid>``. ``None`` = not mentioned (left alone).
@@ -191,6 +197,37 @@ class Namespace:
         if self.ana_grpid is not None:
             object.__setattr__(self, "ana_grpid", int(self.ana_grpid))
         object.__setattr__(self, "attrs", _attrs("", self.attrs))
+
+    @classmethod
+    def from_files(cls, nsid: int, files: Mapping[str, str]) -> Namespace:
+        """The namespace whose attribute files (as configfs shows them) are ``files``;
+        ``device_path`` ``(null)`` or empty is unset, a file not given is ``None``.
+
+        Equal to ``Namespace(nsid, device_path=..., enable=files["enable"] == "1", ...)``
+        with other files in ``attrs``, but built without the per-field conversions where
+        the kernel's form is already canonical: a live read builds one per namespace,
+        every pass.
+        """
+        get = files.get
+        path = get("device_path")
+        if path is not None:
+            path = None if path in ("(null)", "") else path.strip()
+        ids = []
+        for name in ("device_uuid", "device_nguid"):
+            value = get(name)
+            if value is not None and not _UUID_RE.fullmatch(value):
+                value = canonical(name, value)
+            ids.append(value)
+        enable, grp, buffered = get("enable"), get("ana_grpid"), get("buffered_io")
+        other = files.keys() - _NS_FIELDS
+        ns = object.__new__(cls)
+        ns.__dict__.update(
+            nsid=nsid, device_path=path, device_uuid=ids[0], device_nguid=ids[1],
+            enable=None if enable is None else enable == "1",
+            ana_grpid=None if grp is None else int(grp),
+            buffered_io=None if buffered is None else buffered == "1",
+            attrs=FrozenMap({k: canonical(k, files[k]) for k in other}) if other else _EMPTY)
+        return ns
 
     def files(self) -> dict[str, str]:
         """Every mentioned attribute as ``{file name: kernel value}``."""

@@ -154,7 +154,7 @@ class _Planner:
         self.recreated_ports: set[int] = set()
         self.port_write_keys: dict[int, set[str]] = {}
         self.enable_keys: dict[tuple[str, int], str] = {}
-        self.features_ok: set[tuple[str, frozenset[str]]] = set()
+        self.ns_shapes: set[tuple[object, ...]] = set()
 
     # ------------------------------------------------------------------ validation
 
@@ -179,10 +179,14 @@ class _Planner:
                 self.problems.append(f"subsystem {nqn} has allow_any_host=1 and allowed_hosts; "
                                      "the kernel refuses that combination")
             live_sub = self.live.subsystems.get(nqn)
+            checked = self.ns_shapes
             for nsid, ns in sub.namespaces.items():
                 if not 1 <= nsid <= MAX_NSID:
                     self.problems.append(f"subsystem {nqn}: nsid {nsid} is not in 1..{MAX_NSID}")
-                self._need_features("namespace", ns.files(), (nqn, nsid))
+                shape = _shape(ns)  # which files it mentions: the same for nearly all
+                if shape not in checked:
+                    self._need_features("namespace", ns.files(), (nqn, nsid))
+                    checked.add(shape)
                 if ns.enable and ns.device_path is None and (
                         live_sub is None or nsid not in live_sub.namespaces):
                     self.problems.append(f"subsystem {nqn} namespace {nsid}: enable needs a "
@@ -224,15 +228,11 @@ class _Planner:
         object's path, or (subsystem NQN, nsid) for a namespace."""
         if self.features is None:
             return
-        names = frozenset(files)
-        if (kind, names) in self.features_ok:  # 1024 namespaces mention the same files
-            return
-        for name in sorted(names):
+        for name in sorted(files):
             if self.features.has(kind, name) is False:
                 path = where if isinstance(where, str) else _ns_path(*where)
                 raise FeatureMissing(FEATURE_NAMES.get(name, f"attribute {name}"), name, kind,
                                      self.features.kernel, path=path)
-        self.features_ok.add((kind, names))
 
     # ------------------------------------------------------------------ deletes
 
@@ -547,6 +547,13 @@ class _Planner:
 
 
 
+def _shape(ns: Namespace) -> tuple[object, ...]:
+    """Which attribute files ``ns`` mentions (not their values)."""
+    return (ns.device_path is None, ns.device_uuid is None, ns.device_nguid is None,
+            ns.enable is None, ns.ana_grpid is None, ns.buffered_io is None,
+            tuple(ns.attrs) if ns.attrs else ())
+
+
 def _agrees(ns: Namespace, lns: Namespace) -> bool:
     """Every attribute ``ns`` mentions has that value in ``lns`` (then the plan for the
     namespace is empty: nothing to write, enable as wanted)."""
@@ -556,7 +563,7 @@ def _agrees(ns: Namespace, lns: Namespace) -> bool:
             and (ns.enable is None or ns.enable == lns.enable)
             and (ns.ana_grpid is None or ns.ana_grpid == lns.ana_grpid)
             and (ns.buffered_io is None or ns.buffered_io == lns.buffered_io)
-            and all(lns.attrs.get(k) == v for k, v in ns.attrs.items()))
+            and (not ns.attrs or all(lns.attrs.get(k) == v for k, v in ns.attrs.items())))
 
 
 def _addr_keys(addr: Mapping[str, str]) -> list[str]:

@@ -87,8 +87,10 @@ def _files(fs: ConfigFS, path: str, entries: list[Entry]) -> dict[str, str]:
     return out
 
 
-def _number(name: str, what: str, path: str) -> int:
+def _number(name: str, what: str, parent: str) -> int:
+    """``name`` (listed in directory ``parent``) as a plain decimal number."""
     if not name.isdigit() or str(int(name)) != name:
+        path = join(parent, name)
         raise ReadError(f"{what} directory {path!r} is not a plain decimal number",
                         path=path, op="read",
                         hint="rename it (rmdir and mkdir with a decimal name); it was not "
@@ -112,24 +114,7 @@ def check_available(fs: ConfigFS) -> None:
 
 def read_namespace(fs: ConfigFS, path: str, nsid: int) -> Namespace:
     """One namespace directory."""
-    return _namespace(nsid, _files(fs, path, _list(fs, path)))
-
-
-def _namespace(nsid: int, files: dict[str, str]) -> Namespace:
-    path_value = files.pop("device_path", None)
-    enable = files.pop("enable", None)
-    grp = files.pop("ana_grpid", None)
-    buffered = files.pop("buffered_io", None)
-    return Namespace(
-        nsid=nsid,
-        device_path=None if path_value in (None, "(null)", "") else path_value,
-        device_uuid=files.pop("device_uuid", None),
-        device_nguid=files.pop("device_nguid", None),
-        enable=None if enable is None else enable == "1",
-        ana_grpid=None if grp is None else int(grp),
-        buffered_io=None if buffered is None else buffered == "1",
-        attrs=files,
-    )
+    return Namespace.from_files(nsid, _files(fs, path, _list(fs, path)))
 
 
 def read_subsystem(fs: ConfigFS, nqn: str) -> Subsystem:
@@ -143,7 +128,7 @@ def read_subsystem(fs: ConfigFS, nqn: str) -> Subsystem:
     for e in _list(fs, ns_root):
         if e.kind == "dir":
             p = join(ns_root, e.name)
-            namespaces.append(read_namespace(fs, p, _number(e.name, "namespace", p)))
+            namespaces.append(read_namespace(fs, p, _number(e.name, "namespace", ns_root)))
     hosts = [e.name for e in _list(fs, join(path, "allowed_hosts")) if e.kind == "link"]
     return Subsystem(nqn=nqn, attrs=attrs, namespaces=namespaces, allowed_hosts=frozenset(hosts))
 
@@ -155,7 +140,7 @@ def _prefixed(files: Mapping[str, str], prefix: str) -> dict[str, str]:
 def read_port(fs: ConfigFS, name: str) -> Port:
     """One port with its links, ANA groups and referrals."""
     path = join("ports", name)
-    port_id = _number(name, "port", path)
+    port_id = _number(name, "port", "ports")
     files = _files(fs, path, _list(fs, path))
     links = [e.name for e in _list(fs, join(path, "subsystems")) if e.kind == "link"]
     groups: dict[int, str] = {}
@@ -164,7 +149,8 @@ def read_port(fs: ConfigFS, name: str) -> Port:
             if e.kind == "dir":
                 gpath = join(path, "ana_groups", e.name)
                 gfiles = _files(fs, gpath, _list(fs, gpath))
-                groups[_number(e.name, "ANA group", gpath)] = gfiles.get("ana_state", "")
+                groups[_number(e.name, "ANA group", join(path, "ana_groups"))] = gfiles.get(
+                    "ana_state", "")
     referrals = []
     if fs.exists(join(path, "referrals")):
         for e in _list(fs, join(path, "referrals")):

@@ -84,8 +84,7 @@ def _mentioned(desired: Tree) -> dict[str, set[str]]:
         out["hosts"].update(host.attrs)
     for sub in desired.subsystems.values():
         out["subsystems"].update(f"attr_{k}" for k in sub.attrs)
-        for ns in sub.namespaces.values():
-            out["namespaces"].update(ns.files())
+        out["namespaces"].update(*(ns.files() for ns in sub.namespaces.values()))
     if out["subsystems"] & {"attr_cntlid_min", "attr_cntlid_max"}:
         # the planner orders a min/max change by the live other bound
         out["subsystems"] |= {"attr_cntlid_min", "attr_cntlid_max"}

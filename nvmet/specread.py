@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from .configfs import ConfigFS, join
 from .model import Host, Namespace, Port, Referral, Subsystem, Tree
-from .reader import _namespace, _number, _prefixed, check_available, read_error
+from .reader import _number, _prefixed, check_available, read_error
 from .readspec import ReadSpec
 
 
@@ -33,15 +33,25 @@ def _attrs(fs: ConfigFS, path: str, names: frozenset[str]) -> dict[str, str]:
         raise read_error(path, exc) from exc
 
 
-def _subsystem(fs: ConfigFS, nqn: str, spec: ReadSpec) -> Subsystem:
+def _each(fs: ConfigFS, path: str, children: list[str],
+          names: frozenset[str]) -> list[dict[str, str]]:
+    if not names:
+        return [{} for _ in children]
+    try:
+        return fs.read_each(path, children, names)
+    except OSError as exc:
+        raise read_error(path, exc) from exc
+
+
+def _subsystem(fs: ConfigFS, nqn: str, files: dict[str, str], spec: ReadSpec) -> Subsystem:
     path = join("subsystems", nqn)
-    files = _attrs(fs, path, spec.subsystems)
     ns_root = f"{path}/namespaces"
-    ns_names = spec.namespaces
-    namespaces = []
-    for name in _children(fs, ns_root)[0]:
-        p = f"{ns_root}/{name}"
-        namespaces.append(_namespace(_number(name, "namespace", p), _attrs(fs, p, ns_names)))
+    names = _children(fs, ns_root)[0]
+    nsids = [_number(n, "namespace", ns_root) for n in names]
+    from_files = Namespace.from_files
+    namespaces = [from_files(nsid, f)
+                  for nsid, f in zip(nsids, _each(fs, ns_root, names, spec.namespaces),
+                                     strict=True)]
     hosts = _children(fs, f"{path}/allowed_hosts")[1]
     return Subsystem(nqn=nqn, attrs=_prefixed(files, "attr_"), namespaces=namespaces,
                      allowed_hosts=frozenset(hosts))
@@ -55,14 +65,14 @@ def _referral(name: str, files: dict[str, str]) -> Referral:
 
 def _port(fs: ConfigFS, name: str, spec: ReadSpec) -> Port:
     path = join("ports", name)
-    port_id = _number(name, "port", path)
+    port_id = _number(name, "port", "ports")
     files = _attrs(fs, path, spec.ports)
     links = _children(fs, f"{path}/subsystems")[1]
     groups: dict[int, str] = {}
     if fs.exists(f"{path}/ana_groups"):
         for g in _children(fs, f"{path}/ana_groups")[0]:
             gpath = f"{path}/ana_groups/{g}"
-            groups[_number(g, "ANA group", gpath)] = _attrs(
+            groups[_number(g, "ANA group", f"{path}/ana_groups")] = _attrs(
                 fs, gpath, spec.ana_groups).get("ana_state", "")
     referrals = []
     if fs.exists(f"{path}/referrals"):
@@ -77,7 +87,10 @@ def read_planned(fs: ConfigFS, spec: ReadSpec) -> Tree:
     check_available(fs)
     hosts = [Host(nqn=n, attrs=_attrs(fs, join("hosts", n), spec.hosts))
              for n in _children(fs, "hosts")[0]]
-    subsystems = [_subsystem(fs, n, spec) for n in _children(fs, "subsystems")[0]]
+    nqns = _children(fs, "subsystems")[0]
+    subsystems = [_subsystem(fs, n, files, spec)
+                  for n, files in zip(nqns, _each(fs, "subsystems", nqns, spec.subsystems),
+                                      strict=True)]
     ports = [_port(fs, n, spec) for n in _children(fs, "ports")[0]]
     return Tree(hosts=hosts, subsystems=subsystems, ports=ports)
 
@@ -85,7 +98,7 @@ def read_planned(fs: ConfigFS, spec: ReadSpec) -> Tree:
 def _more_namespace(fs: ConfigFS, path: str, ns: Namespace, names: frozenset[str]) -> Namespace:
     files = ns.files()
     files.update(_attrs(fs, path, names))
-    return _namespace(ns.nsid, files)
+    return Namespace.from_files(ns.nsid, files)
 
 
 def read_more(fs: ConfigFS, live: Tree, have: ReadSpec, want: ReadSpec) -> Tree:

@@ -49,8 +49,9 @@ NS_FILES = ("device_path", "device_uuid", "device_nguid", "enable")
 ADDR = {"trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": "4420"}
 #: Goals of issue 16 (ratios, same run).
 GOALS = {"converged/cold": 0.3, "converged/rebuild": 1 / 20, "converged/floor": 1.5}
-CONVERGED_RUNS = 5
-FLOOR_RUNS = 5
+#: Rounds of (read floor, converged pass), and of (floor, converged pass with the full read).
+ROUNDS = 5
+FULL_ROUNDS = 2
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -152,14 +153,10 @@ def read_floor_threads(files: list[str], link_dirs: list[str], workers: int) -> 
     return sum(total)
 
 
-def timed(fn: Callable[[], Any], runs: int) -> tuple[float, list[float]]:
-    """Median and all timings of ``runs`` calls."""
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), times
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def has_spec_read() -> bool:
@@ -167,23 +164,39 @@ def has_spec_read() -> bool:
 
 
 def one_pass(fs: nvmet.RealConfigFS, want: Tree, scope: nvmet.Scope, mode: str
-             ) -> nvmet.ApplyResult:
-    """kvagent's pass on the library: read, features, plan, apply."""
+             ) -> dict[str, float | int]:
+    """kvagent's pass on the library: features, read, plan, apply; seconds per phase,
+    CPU seconds of the whole pass, configfs writes."""
+    w0, c0 = fs.writes, time.process_time()
+    t0 = time.perf_counter()
     feats = nvmet.features(fs)
+    t1 = time.perf_counter()
     spec = nvmet.read_spec(want, feats) if mode == "spec" else None
     live = nvmet.read(fs, spec=spec) if spec is not None else nvmet.read(fs)
-    result = nvmet.apply(nvmet.plan(want, live, scope, feats), fs)
+    t2 = time.perf_counter()
+    actions = nvmet.plan(want, live, scope, feats)
+    t3 = time.perf_counter()
+    result = nvmet.apply(actions, fs)
+    t4 = time.perf_counter()
     if not result.ok:
         raise SystemExit(f"apply failed: {[(str(a), str(e)) for a, e in result.failed][:3]}")
-    return result
+    return {"total_s": t4 - t0, "features_s": t1 - t0, "read_s": t2 - t1, "plan_s": t3 - t2,
+            "apply_s": t4 - t3, "cpu_s": time.process_time() - c0, "actions": len(actions),
+            "writes": fs.writes - w0}
 
 
-def converged(fs: nvmet.RealConfigFS, want: Tree, scope: nvmet.Scope, mode: str) -> None:
-    before = fs.writes
-    result = one_pass(fs, want, scope, mode)
-    if result.done or fs.writes != before:
-        raise SystemExit(f"a converged pass ({mode} read) wrote to configfs: "
-                         f"{fs.writes - before} writes, {[str(a) for a in result.done][:3]}")
+def converged(fs: nvmet.RealConfigFS, want: Tree, scope: nvmet.Scope, mode: str
+              ) -> dict[str, float | int]:
+    """One converged pass; exits when it planned anything or wrote to configfs."""
+    m = one_pass(fs, want, scope, mode)
+    if m["actions"] or m["writes"]:
+        raise SystemExit(f"a converged pass ({mode} read) planned {m['actions']} actions and "
+                         f"wrote {m['writes']} times to configfs")
+    return m
+
+
+def medians(runs: list[dict[str, float | int]]) -> dict[str, float]:
+    return {k: statistics.median(float(r[k]) for r in runs) for k in runs[0]}
 
 
 #: cProfile rows that are file-system calls (the kernel's share, plus the call itself).
@@ -232,40 +245,46 @@ def clear(fs: nvmet.RealConfigFS) -> nvmet.ApplyResult:
     return nvmet.apply(nvmet.plan(Tree(), nvmet.read(fs), nvmet.Scope.everything()), fs)
 
 
-def bench_shape(fs: nvmet.RealConfigFS, subs: int, per: int, out: Path) -> dict[str, Any]:
-    """Every figure for one shape; leaves nvmet empty."""
+def bench_shape(fs: nvmet.RealConfigFS, subs: int, per: int, out: Path, *,
+                teardown: bool = True) -> dict[str, Any]:
+    """Every figure for one shape; leaves nvmet empty (with ``teardown``).
+
+    The VM's speed changes with the host's load, so the converged pass and the floor are
+    measured in alternation (a round is one of each) and each ratio is the median of the
+    rounds' ratios; cold apply and clear-and-rebuild are single runs.
+    """
     scope = nvmet.Scope.owned(subsystem_prefix=PREFIX, port_ids=[PORT_ID], hosts=[HOSTNQN])
     cold_want, want = desired(subs, per, created=True), desired(subs, per, created=False)
     mode = "spec" if has_spec_read() else "full"
     shape = f"{subs}x{per}"
     row: dict[str, Any] = {"shape": shape, "subsystems": subs, "namespaces": subs * per,
                            "read_mode": mode}
-    w0 = fs.writes
-    t0 = time.perf_counter()
-    one_pass(fs, cold_want, scope, mode)
-    row["cold_s"] = time.perf_counter() - t0
-    row["cold_writes"] = fs.writes - w0
-    converged(fs, want, scope, mode)  # warm-up (first-use costs)
-    row["converged_s"], row["converged_runs"] = timed(
-        lambda: converged(fs, want, scope, mode), CONVERGED_RUNS)
-    row["converged_writes"] = 0  # asserted by converged()
-    row["converged_full_read_s"], _ = timed(
-        lambda: converged(fs, want, scope, "full"), CONVERGED_RUNS)
-    t0 = time.perf_counter()
-    nvmet.read(fs)
-    row["full_read_s"] = time.perf_counter() - t0
-    if mode == "spec":
-        spec = nvmet.read_spec(want, nvmet.features(fs))
-        t0 = time.perf_counter()
-        nvmet.read(fs, spec=spec)
-        row["spec_read_s"] = time.perf_counter() - t0
+    row["cold"] = one_pass(fs, cold_want, scope, mode)
     files, link_dirs = floor_plan(want)
-    read_floor(files, link_dirs)  # warm-up
     row["floor_files"], row["floor_link_dirs"] = len(files), len(link_dirs)
-    row["floor_s"], row["floor_runs"] = timed(lambda: read_floor(files, link_dirs), FLOOR_RUNS)
-    row["floor_dirfd_s"], _ = timed(lambda: read_floor_dirfd(files, link_dirs), FLOOR_RUNS)
-    row["floor_2_threads_s"], _ = timed(lambda: read_floor_threads(files, link_dirs, 2),
-                                         FLOOR_RUNS)
+    converged(fs, want, scope, mode)  # warm-up (first-use costs)
+    read_floor(files, link_dirs)
+    rounds = []
+    for _ in range(ROUNDS):
+        floor = timed(lambda: read_floor(files, link_dirs))
+        rounds.append({"floor_s": floor, **converged(fs, want, scope, mode)})
+    row["rounds"] = rounds
+    row["converged"] = medians([{k: v for k, v in r.items() if k != "floor_s"}
+                                for r in rounds])
+    row["floor_s"] = statistics.median(r["floor_s"] for r in rounds)
+    full = rounds if mode == "full" else []
+    for _ in range(FULL_ROUNDS if mode != "full" else 0):
+        floor = timed(lambda: read_floor(files, link_dirs))
+        full.append({"floor_s": floor, **converged(fs, want, scope, "full")})
+    row["full_rounds"] = full
+    row["converged_full_read"] = medians([{k: v for k, v in r.items() if k != "floor_s"}
+                                          for r in full])
+    variants = {}
+    for name, fn in (("dir fd", lambda: read_floor_dirfd(files, link_dirs)),
+                     ("2 threads", lambda: read_floor_threads(files, link_dirs, 2))):
+        floor = timed(lambda: read_floor(files, link_dirs))
+        variants[name] = timed(fn) / floor
+    row["floor_variants"] = variants
     row["profile"] = {m: profile(lambda m=m: converged(fs, want, scope, m))
                       for m in sorted({mode, "full"})}
     for m, p in row["profile"].items():
@@ -279,18 +298,19 @@ def bench_shape(fs: nvmet.RealConfigFS, subs: int, per: int, out: Path) -> dict[
     row["rebuild_writes"] = fs.writes - w0
     if not (cleared.ok and rebuilt.ok):
         raise SystemExit("the clear-and-rebuild baseline failed")
-    converged(fs, want, scope, mode)  # the rebuild restored the same config
+    after = converged(fs, want, scope, mode)  # the rebuild restored the same config
+    conv = row["converged"]["total_s"]
     row["ratios"] = {
-        "converged/cold": row["converged_s"] / row["cold_s"],
-        "converged/rebuild": row["converged_s"] / row["rebuild_s"],
-        "converged/floor": row["converged_s"] / row["floor_s"],
-        "full-read converged/cold": row["converged_full_read_s"] / row["cold_s"],
-        "full-read converged/rebuild": row["converged_full_read_s"] / row["rebuild_s"],
-        "full-read converged/floor": row["converged_full_read_s"] / row["floor_s"],
-        "floor 2 threads/floor": row["floor_2_threads_s"] / row["floor_s"],
-        "floor dir fd/floor": row["floor_dirfd_s"] / row["floor_s"],
+        "converged/cold": conv / row["cold"]["total_s"],
+        "converged/rebuild": statistics.median([conv, after["total_s"]]) / row["rebuild_s"],
+        "converged/floor": statistics.median(r["total_s"] / r["floor_s"] for r in rounds),
+        "full-read converged/cold": row["converged_full_read"]["total_s"]
+        / row["cold"]["total_s"],
+        "full-read converged/rebuild": row["converged_full_read"]["total_s"] / row["rebuild_s"],
+        "full-read converged/floor": statistics.median(r["total_s"] / r["floor_s"]
+                                                       for r in full),
     }
-    if not clear(fs).ok:
+    if teardown and not clear(fs).ok:
         raise SystemExit("teardown failed")
     return row
 
@@ -306,31 +326,37 @@ def run(shapes: list[tuple[int, int]], out: Path) -> tuple[list[dict[str, Any]],
     if not nvmet.read(fs).is_empty():
         raise SystemExit("nvmet is not empty; the shapes bench owns the whole tree")
     rows = []
-    for subs, per in shapes:
-        row = bench_shape(fs, subs, per, out)
-        print({k: v for k, v in row.items() if k != "profile"}, flush=True)
+    for i, (subs, per) in enumerate(shapes):
+        row = bench_shape(fs, subs, per, out, teardown=i < len(shapes) - 1)
+        print(f"{row['shape']}: cold {row['cold']['total_s']:.2f}s, converged "
+              f"{row['converged']['total_s']:.3f}s, floor {row['floor_s']:.3f}s, rebuild "
+              f"{row['rebuild_s']:.2f}s", flush=True)
         rows.append(row)
     return rows, table(rows)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Both shapes side by side: seconds, then the ratios against the issue's goals."""
-    cols = [r["shape"] for r in rows]
     lines = ["converged pass at scale (nvmet library, null_blk, TCG VM: compare ratios)", "",
-             f"{'':34}" + "".join(f"{c:>14}" for c in cols)]
+             f"{'':38}" + "".join(f"{r['shape']:>16}" for r in rows)]
 
     def line(label: str, values: list[str]) -> None:
-        lines.append(f"{label:34}" + "".join(f"{v:>14}" for v in values))
+        lines.append(f"{label:38}" + "".join(f"{v:>16}" for v in values))
 
     line("namespaces", [str(r["namespaces"]) for r in rows])
-    line("cold apply s (writes)", [f"{r['cold_s']:.2f} ({r['cold_writes']})" for r in rows])
+    line("cold apply s (writes)",
+         [f"{r['cold']['total_s']:.2f} ({r['cold']['writes']})" for r in rows])
     line("clear-and-rebuild s (writes)",
          [f"{r['rebuild_s']:.2f} ({r['rebuild_writes']})" for r in rows])
-    line("read floor s (files+dirs)",
+    line("read floor s (files+link dirs)",
          [f"{r['floor_s']:.3f} ({r['floor_files']}+{r['floor_link_dirs']})" for r in rows])
-    line(f"converged s, {rows[0]['read_mode']} read (0 writes)",
-         [f"{r['converged_s']:.3f}" for r in rows])
-    line("converged s, full read", [f"{r['converged_full_read_s']:.3f}" for r in rows])
+    for key, label in (("converged", f"converged, {rows[0]['read_mode']} read"),
+                       ("converged_full_read", "converged, full read")):
+        line(f"{label} s (0 writes)", [f"{r[key]['total_s']:.3f}" for r in rows])
+        line("  features / read / plan s", [
+            f"{r[key]['features_s']:.2f}/{r[key]['read_s']:.2f}/{r[key]['plan_s']:.2f}"
+            for r in rows])
+        line("  CPU s", [f"{r[key]['cpu_s']:.3f}" for r in rows])
     lines.append("")
     for key, goal in GOALS.items():
         cells = []
@@ -339,8 +365,10 @@ def table(rows: list[dict[str, Any]]) -> str:
             cells.append(f"{v:.3f} {'ok' if v <= goal else 'MISS'}")
         line(f"{key} (goal <= {goal:.3g})", cells)
     for key in ("full-read converged/cold", "full-read converged/rebuild",
-                "full-read converged/floor", "floor 2 threads/floor", "floor dir fd/floor"):
+                "full-read converged/floor"):
         line(key, [f"{r['ratios'][key]:.3f}" for r in rows])
+    for name in rows[0]["floor_variants"]:
+        line(f"floor with {name} / floor", [f"{r['floor_variants'][name]:.3f}" for r in rows])
     lines.append("")
     for r in rows:
         for m, p in r["profile"].items():

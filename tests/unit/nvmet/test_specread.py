@@ -309,3 +309,36 @@ def test_real_read_attrs_leaves_out_missing_files_and_fails_for_a_gone_directory
     os.symlink(tmp_path / "hosts" / "h", tmp_path / "hosts" / "link")
     (tmp_path / "hosts" / "f").write_text("x")
     assert fs.children("hosts") == (["h"], ["link"], ["f"])
+    (tmp_path / "hosts" / "g").mkdir()
+    (tmp_path / "hosts" / "g" / "a").write_text("2\n")
+    assert fs.read_each("hosts", ["h", "g"], ["a", "nope"]) == [{"a": "1"}, {"a": "2"}]
+    with pytest.raises(FileNotFoundError) as info:
+        fs.read_each("hosts", ["h", "gone"], ["a"])
+    assert info.value.filename == "hosts/gone"
+
+
+texts = st.one_of(st.sampled_from(["", "(null)", " (null)", "1", "0", "2", " /dev/x ",
+                                   "/dev/nullb0", "7", "0d4a1bc2-1111-4222-8333-444455556666",
+                                   "0D4A1BC2-1111-4222-8333-444455556666", "y"]),
+                  st.text(max_size=6))
+
+
+@settings(max_examples=300)
+@given(files=st.dictionaries(st.sampled_from(
+    ["device_path", "device_uuid", "device_nguid", "enable", "buffered_io", "resv_enable",
+     "p2pmem"]), texts), grp=st.one_of(st.none(), st.integers(1, 128)))
+def test_namespace_from_files_is_the_constructor(files, grp) -> None:
+    """The reader's fast constructor builds exactly what the checked constructor does."""
+    if grp is not None:
+        files["ana_grpid"] = str(grp)
+    path = files.get("device_path")
+    rest = {k: v for k, v in files.items() if k not in (
+        "device_path", "device_uuid", "device_nguid", "enable", "buffered_io", "ana_grpid")}
+    expected = Namespace(
+        5, device_path=None if path in (None, "(null)", "") else path,
+        device_uuid=files.get("device_uuid"), device_nguid=files.get("device_nguid"),
+        enable=None if "enable" not in files else files["enable"] == "1",
+        ana_grpid=grp, attrs=rest,
+        buffered_io=None if "buffered_io" not in files else files["buffered_io"] == "1")
+    got = Namespace.from_files(5, files)
+    assert got == expected and hash(got) == hash(expected)

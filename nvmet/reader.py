@@ -164,15 +164,16 @@ def read_port(fs: ConfigFS, name: str) -> Port:
                 subsystems=frozenset(links), ana_groups=groups, referrals=referrals)
 
 
-def read(fs: ConfigFS, spec: ReadSpec | None = None) -> Tree:
-    """The live tree: every attribute (``spec`` None), or only the files ``spec`` names.
+def read(fs: ConfigFS, spec: ReadSpec | None = None, *, workers: int = 1) -> Tree:
+    """The live tree: every attribute (``spec`` None), or only the files ``spec`` names
+    (``workers`` > 1: namespaces read on that many threads).
 
     Raises NvmetUnavailable (no nvmet) or ReadError (any failure).
     """
     if spec is not None:
         from .specread import read_planned
 
-        return read_planned(fs, spec)
+        return read_planned(fs, spec, workers)
     check_available(fs)
     hosts = []
     for e in _list(fs, "hosts"):

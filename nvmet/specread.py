@@ -9,6 +9,7 @@ spec adds, reading only those.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from .configfs import ConfigFS, join
@@ -43,18 +44,44 @@ def _each(fs: ConfigFS, path: str, children: list[str],
         raise read_error(path, exc) from exc
 
 
-def _subsystem(fs: ConfigFS, nqn: str, files: dict[str, str], spec: ReadSpec) -> Subsystem:
-    path = join("subsystems", nqn)
-    ns_root = f"{path}/namespaces"
-    names = _children(fs, ns_root)[0]
-    nsids = [_number(n, "namespace", ns_root) for n in names]
+def _namespace_files(fs: ConfigFS, jobs: list[tuple[str, list[str]]], names: frozenset[str],
+                     workers: int) -> list[list[dict[str, str]]]:
+    """:meth:`~nvmet.configfs.ConfigFS.read_each` of every ``(namespaces dir, nsid names)``
+    job; with ``workers`` > 1 on that many threads (the work cut into pieces of about
+    equal size: the threads overlap each other's system calls)."""
+    if workers <= 1 or not names:
+        return [_each(fs, root, children, names) for root, children in jobs]
+    total = sum(len(children) for _, children in jobs)
+    size = max(1, -(-total // (workers * 4)))
+    pieces = [(i, root, children[k:k + size]) for i, (root, children) in enumerate(jobs)
+              for k in range(0, len(children), size)]
+    with ThreadPoolExecutor(workers, thread_name_prefix="nvmet-read") as pool:
+        parts = list(pool.map(lambda p: _each(fs, p[1], p[2], names), pieces))
+    out: list[list[dict[str, str]]] = [[] for _ in jobs]
+    for (i, _, _), part in zip(pieces, parts, strict=True):
+        out[i].extend(part)
+    return out
+
+
+def _subsystems(fs: ConfigFS, spec: ReadSpec, workers: int) -> list[Subsystem]:
+    nqns = _children(fs, "subsystems")[0]
+    attrs = _each(fs, "subsystems", nqns, spec.subsystems)
+    jobs, hosts = [], []
+    for nqn in nqns:
+        ns_root = f"subsystems/{nqn}/namespaces"
+        jobs.append((ns_root, _children(fs, ns_root)[0]))
+        hosts.append(_children(fs, f"subsystems/{nqn}/allowed_hosts")[1])
+    files = _namespace_files(fs, jobs, spec.namespaces, workers)
     from_files = Namespace.from_files
-    namespaces = [from_files(nsid, f)
-                  for nsid, f in zip(nsids, _each(fs, ns_root, names, spec.namespaces),
-                                     strict=True)]
-    hosts = _children(fs, f"{path}/allowed_hosts")[1]
-    return Subsystem(nqn=nqn, attrs=_prefixed(files, "attr_"), namespaces=namespaces,
-                     allowed_hosts=frozenset(hosts))
+    out = []
+    for nqn, sub_files, (ns_root, names), ns_files, allowed in zip(
+            nqns, attrs, jobs, files, hosts, strict=True):
+        nsids = [_number(n, "namespace", ns_root) for n in names]
+        out.append(Subsystem(nqn=nqn, attrs=_prefixed(sub_files, "attr_"),
+                             namespaces=[from_files(nsid, f)
+                                         for nsid, f in zip(nsids, ns_files, strict=True)],
+                             allowed_hosts=frozenset(allowed)))
+    return out
 
 
 def _referral(name: str, files: dict[str, str]) -> Referral:
@@ -82,15 +109,12 @@ def _port(fs: ConfigFS, name: str, spec: ReadSpec) -> Port:
                 subsystems=frozenset(links), ana_groups=groups, referrals=referrals)
 
 
-def read_planned(fs: ConfigFS, spec: ReadSpec) -> Tree:
+def read_planned(fs: ConfigFS, spec: ReadSpec, workers: int = 1) -> Tree:
     """The live tree with only the attribute files ``spec`` names (see :func:`nvmet.read`)."""
     check_available(fs)
     hosts = [Host(nqn=n, attrs=_attrs(fs, join("hosts", n), spec.hosts))
              for n in _children(fs, "hosts")[0]]
-    nqns = _children(fs, "subsystems")[0]
-    subsystems = [_subsystem(fs, n, files, spec)
-                  for n, files in zip(nqns, _each(fs, "subsystems", nqns, spec.subsystems),
-                                      strict=True)]
+    subsystems = _subsystems(fs, spec, workers)
     ports = [_port(fs, n, spec) for n in _children(fs, "ports")[0]]
     return Tree(hosts=hosts, subsystems=subsystems, ports=ports)
 

@@ -163,8 +163,8 @@ def has_spec_read() -> bool:
     return hasattr(nvmet, "read_spec")
 
 
-def one_pass(fs: nvmet.RealConfigFS, want: Tree, scope: nvmet.Scope, mode: str
-             ) -> dict[str, float | int]:
+def one_pass(fs: nvmet.RealConfigFS, want: Tree, scope: nvmet.Scope, mode: str,
+             workers: int = 1) -> dict[str, float | int]:
     """kvagent's pass on the library: features, read, plan, apply; seconds per phase,
     CPU seconds of the whole pass, configfs writes."""
     w0, c0 = fs.writes, time.process_time()
@@ -172,7 +172,7 @@ def one_pass(fs: nvmet.RealConfigFS, want: Tree, scope: nvmet.Scope, mode: str
     feats = nvmet.features(fs)
     t1 = time.perf_counter()
     spec = nvmet.read_spec(want, feats) if mode == "spec" else None
-    live = nvmet.read(fs, spec=spec) if spec is not None else nvmet.read(fs)
+    live = nvmet.read(fs, spec=spec, workers=workers) if spec is not None else nvmet.read(fs)
     t2 = time.perf_counter()
     actions = nvmet.plan(want, live, scope, feats)
     t3 = time.perf_counter()
@@ -185,10 +185,10 @@ def one_pass(fs: nvmet.RealConfigFS, want: Tree, scope: nvmet.Scope, mode: str
             "writes": fs.writes - w0}
 
 
-def converged(fs: nvmet.RealConfigFS, want: Tree, scope: nvmet.Scope, mode: str
-              ) -> dict[str, float | int]:
+def converged(fs: nvmet.RealConfigFS, want: Tree, scope: nvmet.Scope, mode: str,
+              workers: int = 1) -> dict[str, float | int]:
     """One converged pass; exits when it planned anything or wrote to configfs."""
-    m = one_pass(fs, want, scope, mode)
+    m = one_pass(fs, want, scope, mode, workers)
     if m["actions"] or m["writes"]:
         raise SystemExit(f"a converged pass ({mode} read) planned {m['actions']} actions and "
                          f"wrote {m['writes']} times to configfs")
@@ -264,11 +264,13 @@ def bench_shape(fs: nvmet.RealConfigFS, subs: int, per: int, out: Path, *,
     row["floor_files"], row["floor_link_dirs"] = len(files), len(link_dirs)
     converged(fs, want, scope, mode)  # warm-up (first-use costs)
     read_floor(files, link_dirs)
-    rounds = []
+    rounds, threaded = [], []
     for _ in range(ROUNDS):
         floor = timed(lambda: read_floor(files, link_dirs))
         rounds.append({"floor_s": floor, **converged(fs, want, scope, mode)})
-    row["rounds"] = rounds
+        if mode == "spec":  # the same pass reading namespaces on two threads
+            threaded.append({"floor_s": floor, **converged(fs, want, scope, mode, 2)})
+    row["rounds"], row["rounds_2_workers"] = rounds, threaded
     row["converged"] = medians([{k: v for k, v in r.items() if k != "floor_s"}
                                 for r in rounds])
     row["floor_s"] = statistics.median(r["floor_s"] for r in rounds)
@@ -310,6 +312,13 @@ def bench_shape(fs: nvmet.RealConfigFS, subs: int, per: int, out: Path, *,
         "full-read converged/floor": statistics.median(r["total_s"] / r["floor_s"]
                                                        for r in full),
     }
+    if threaded:
+        row["converged_2_workers"] = medians([{k: v for k, v in r.items() if k != "floor_s"}
+                                              for r in threaded])
+        row["ratios"]["2-worker converged/floor"] = statistics.median(
+            r["total_s"] / r["floor_s"] for r in threaded)
+        row["ratios"]["2-worker converged/converged"] = statistics.median(
+            t["total_s"] / r["total_s"] for t, r in zip(threaded, rounds, strict=True))
     if teardown and not clear(fs).ok:
         raise SystemExit("teardown failed")
     return row
@@ -365,8 +374,10 @@ def table(rows: list[dict[str, Any]]) -> str:
             cells.append(f"{v:.3f} {'ok' if v <= goal else 'MISS'}")
         line(f"{key} (goal <= {goal:.3g})", cells)
     for key in ("full-read converged/cold", "full-read converged/rebuild",
-                "full-read converged/floor"):
-        line(key, [f"{r['ratios'][key]:.3f}" for r in rows])
+                "full-read converged/floor", "2-worker converged/floor",
+                "2-worker converged/converged"):
+        if all(key in r["ratios"] for r in rows):
+            line(key, [f"{r['ratios'][key]:.3f}" for r in rows])
     for name in rows[0]["floor_variants"]:
         line(f"floor with {name} / floor", [f"{r['floor_variants'][name]:.3f}" for r in rows])
     lines.append("")

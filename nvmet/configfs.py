@@ -190,34 +190,41 @@ class RealConfigFS:
                   names: Iterable[str]) -> list[dict[str, str]]:
         # The hot loop of a converged pass (every namespace of a subsystem): one open of
         # the parent, then per file an openat() relative to it (a two-name path walk
-        # instead of the whole path), a read and a close; nothing else per file.
+        # instead of the whole path), a read and a close; as little Python as possible
+        # per file (local names, no per-file helper calls).
         names = tuple(names)
         base = self._abs(path)
-        pfd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+        _open, _read, _close, rdonly = os.open, os.read, os.close, os.O_RDONLY
+        pfd = _open(base, rdonly | os.O_DIRECTORY)
         out: list[dict[str, str]] = []
         try:
             for child in children:
                 got: dict[str, str] = {}
                 for name in names:
-                    rel = f"{child}/{name}"
                     try:
-                        fd = os.open(rel, os.O_RDONLY, dir_fd=pfd)
+                        fd = _open(f"{child}/{name}", rdonly, dir_fd=pfd)
                     except FileNotFoundError:
                         if os.path.isdir(f"{base}/{child}"):
                             continue  # this kernel has no such attribute
                         raise OSError(errno.ENOENT, os.strerror(errno.ENOENT),
                                       f"{path}/{child}") from None
                     except OSError as exc:
-                        raise OSError(exc.errno, exc.strerror, f"{path}/{rel}") from None
+                        raise OSError(exc.errno, exc.strerror,
+                                      f"{path}/{child}/{name}") from None
                     try:
-                        got[name] = os.read(fd, 65536).decode("utf-8", "replace").rstrip("\n")
+                        data = _read(fd, 65536)
                     except OSError as exc:
-                        raise OSError(exc.errno, exc.strerror, f"{path}/{rel}") from None
+                        raise OSError(exc.errno, exc.strerror,
+                                      f"{path}/{child}/{name}") from None
                     finally:
-                        os.close(fd)
+                        _close(fd)
+                    try:
+                        got[name] = data.decode().rstrip("\n")
+                    except UnicodeDecodeError:
+                        got[name] = data.decode("utf-8", "replace").rstrip("\n")
                 out.append(got)
         finally:
-            os.close(pfd)
+            _close(pfd)
         return out
 
     def children(self, path: str) -> tuple[list[str], list[str], list[str]]:

@@ -164,16 +164,15 @@ def read_port(fs: ConfigFS, name: str) -> Port:
                 subsystems=frozenset(links), ana_groups=groups, referrals=referrals)
 
 
-def read(fs: ConfigFS, spec: ReadSpec | None = None, *, workers: int = 1) -> Tree:
-    """The live tree: every attribute (``spec`` None), or only the files ``spec`` names
-    (``workers`` > 1: namespaces read on that many threads).
+def read(fs: ConfigFS, spec: ReadSpec | None = None) -> Tree:
+    """The live tree: every attribute (``spec`` None), or only the files ``spec`` names.
 
     Raises NvmetUnavailable (no nvmet) or ReadError (any failure).
     """
     if spec is not None:
         from .specread import read_planned
 
-        return read_planned(fs, spec, workers)
+        return read_planned(fs, spec)
     check_available(fs)
     hosts = []
     for e in _list(fs, "hosts"):

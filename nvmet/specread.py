@@ -9,7 +9,6 @@ spec adds, reading only those.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from .configfs import ConfigFS, join
@@ -44,26 +43,7 @@ def _each(fs: ConfigFS, path: str, children: list[str],
         raise read_error(path, exc) from exc
 
 
-def _namespace_files(fs: ConfigFS, jobs: list[tuple[str, list[str]]], names: frozenset[str],
-                     workers: int) -> list[list[dict[str, str]]]:
-    """:meth:`~nvmet.configfs.ConfigFS.read_each` of every ``(namespaces dir, nsid names)``
-    job; with ``workers`` > 1 on that many threads (the work cut into pieces of about
-    equal size: the threads overlap each other's system calls)."""
-    if workers <= 1 or not names:
-        return [_each(fs, root, children, names) for root, children in jobs]
-    total = sum(len(children) for _, children in jobs)
-    size = max(1, -(-total // (workers * 4)))
-    pieces = [(i, root, children[k:k + size]) for i, (root, children) in enumerate(jobs)
-              for k in range(0, len(children), size)]
-    with ThreadPoolExecutor(workers, thread_name_prefix="nvmet-read") as pool:
-        parts = list(pool.map(lambda p: _each(fs, p[1], p[2], names), pieces))
-    out: list[list[dict[str, str]]] = [[] for _ in jobs]
-    for (i, _, _), part in zip(pieces, parts, strict=True):
-        out[i].extend(part)
-    return out
-
-
-def _subsystems(fs: ConfigFS, spec: ReadSpec, workers: int) -> list[Subsystem]:
+def _subsystems(fs: ConfigFS, spec: ReadSpec) -> list[Subsystem]:
     nqns = _children(fs, "subsystems")[0]
     attrs = _each(fs, "subsystems", nqns, spec.subsystems)
     jobs, hosts = [], []
@@ -71,7 +51,7 @@ def _subsystems(fs: ConfigFS, spec: ReadSpec, workers: int) -> list[Subsystem]:
         ns_root = f"subsystems/{nqn}/namespaces"
         jobs.append((ns_root, _children(fs, ns_root)[0]))
         hosts.append(_children(fs, f"subsystems/{nqn}/allowed_hosts")[1])
-    files = _namespace_files(fs, jobs, spec.namespaces, workers)
+    files = [_each(fs, root, names, spec.namespaces) for root, names in jobs]
     from_files = Namespace.from_files
     out = []
     for nqn, sub_files, (ns_root, names), ns_files, allowed in zip(
@@ -109,12 +89,12 @@ def _port(fs: ConfigFS, name: str, spec: ReadSpec) -> Port:
                 subsystems=frozenset(links), ana_groups=groups, referrals=referrals)
 
 
-def read_planned(fs: ConfigFS, spec: ReadSpec, workers: int = 1) -> Tree:
+def read_planned(fs: ConfigFS, spec: ReadSpec) -> Tree:
     """The live tree with only the attribute files ``spec`` names (see :func:`nvmet.read`)."""
     check_available(fs)
     hosts = [Host(nqn=n, attrs=_attrs(fs, join("hosts", n), spec.hosts))
              for n in _children(fs, "hosts")[0]]
-    subsystems = _subsystems(fs, spec, workers)
+    subsystems = _subsystems(fs, spec)
     ports = [_port(fs, n, spec) for n in _children(fs, "ports")[0]]
     return Tree(hosts=hosts, subsystems=subsystems, ports=ports)
 

@@ -342,21 +342,3 @@ def test_namespace_from_files_is_the_constructor(files, grp) -> None:
         buffered_io=None if "buffered_io" not in files else files["buffered_io"] == "1")
     got = Namespace.from_files(5, files)
     assert got == expected and hash(got) == hash(expected)
-
-
-@settings(max_examples=50)
-@given(tree=trees())
-def test_reading_on_threads_gives_the_same_tree(tree) -> None:
-    fs = build(tree)
-    spec = read_spec(tree, features(fs))
-    assert read(fs, spec=spec, workers=3) == read(fs, spec=spec)
-
-
-def test_a_failed_read_on_a_thread_is_a_read_error() -> None:
-    fs = FailOn("namespaces/40/device_path", E.EIO)
-    fs.mkdir(f"subsystems/{SUB}")
-    for nsid in range(1, 65):
-        fs.mkdir(f"subsystems/{SUB}/namespaces/{nsid}")
-    with pytest.raises(ReadError) as info:
-        read(fs, spec=read_spec(), workers=2)
-    assert info.value.path == f"subsystems/{SUB}/namespaces/40/device_path"

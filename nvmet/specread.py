@@ -1,9 +1,10 @@
 """The planner's read: only the attribute files a :class:`~nvmet.readspec.ReadSpec` names.
 
-Per object it costs one ``read_attrs`` (an open/read/close per named file, nothing for
-the others) and per directory of objects or links one ``children`` listing (no stat per
-entry). Everything is read live on every call. :func:`read_more` completes a tree read
-with a narrower spec (the caller built its desired tree from it) with the files a wider
+Per attribute file it names: an open, a read and a close (a subsystem's namespaces are
+read with one ``read_each``, relative to their directory); per directory of objects or
+links one ``children`` listing (no stat per entry); nothing for the other files.
+Everything is read live on every call. :func:`read_more` completes a tree read with a
+narrower spec (the caller built its desired tree from it) with the files a wider
 spec adds, reading only those.
 """
 

@@ -101,6 +101,10 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
         return FrozenMap(data)
 
 
+#: The empty attribute map every object without extra attributes shares.
+EMPTY: FrozenMap[str, str] = FrozenMap()
+
+
 def canonical(name: str, value: Any) -> str:
     """``value`` for attribute file ``name`` in the form the kernel shows it.
 
@@ -144,7 +148,9 @@ def canonical(name: str, value: Any) -> str:
 
 
 def _attrs(prefix: str, data: Mapping[str, Any] | None) -> FrozenMap[str, str]:
-    return FrozenMap({str(k): canonical(prefix + str(k), v) for k, v in (data or {}).items()})
+    if not data:
+        return EMPTY  # shared: hot paths test ``attrs is EMPTY`` instead of calling len()
+    return FrozenMap({str(k): canonical(prefix + str(k), v) for k, v in data.items()})
 
 
 def _opt(name: str, value: Any) -> str | None:
@@ -166,7 +172,6 @@ class Host:
 #: The attribute files :class:`Namespace` has fields for.
 _NS_FIELDS = frozenset({"device_path", "device_uuid", "device_nguid", "enable", "ana_grpid",
                         "buffered_io"})
-_EMPTY: FrozenMap[str, str] = FrozenMap()
 
 
 @dataclass(frozen=True)
@@ -226,7 +231,7 @@ class Namespace:
             enable=None if enable is None else enable == "1",
             ana_grpid=None if grp is None else int(grp),
             buffered_io=None if buffered is None else buffered == "1",
-            attrs=FrozenMap({k: canonical(k, files[k]) for k in other}) if other else _EMPTY)
+            attrs=FrozenMap({k: canonical(k, files[k]) for k in other}) if other else EMPTY)
         return ns
 
     def files(self) -> dict[str, str]:
@@ -242,9 +247,17 @@ class Namespace:
             out["ana_grpid"] = str(self.ana_grpid)
         if self.enable is not None:
             out["enable"] = "1" if self.enable else "0"
-        if self.attrs:
+        if self.attrs is not EMPTY:
             out.update(self.attrs.items())
         return out
+
+
+def ns_shape(ns: Namespace) -> tuple[object, ...]:
+    """Which attribute files ``ns`` mentions, not their values (a hashable key: planning
+    checks features once per shape, not once per namespace)."""
+    return (ns.device_path is None, ns.device_uuid is None, ns.device_nguid is None,
+            ns.enable is None, ns.ana_grpid is None, ns.buffered_io is None,
+            () if ns.attrs is EMPTY else tuple(ns.attrs))
 
 
 @dataclass(frozen=True)

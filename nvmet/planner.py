@@ -25,6 +25,7 @@ from .configfs import join
 from .errors import FeatureMissing, OutOfScope, PlanError, ScopeConflict
 from .model import (
     ADDR_ORDER,
+    EMPTY,
     NS_DISABLED_ONLY,
     FrozenMap,
     Namespace,
@@ -32,6 +33,7 @@ from .model import (
     Referral,
     Subsystem,
     Tree,
+    ns_shape,
 )
 from .nqn import InvalidNQN, validate_nqn
 from .reader import FEATURE_NAMES, Features
@@ -183,7 +185,7 @@ class _Planner:
             for nsid, ns in sub.namespaces.items():
                 if not 1 <= nsid <= MAX_NSID:
                     self.problems.append(f"subsystem {nqn}: nsid {nsid} is not in 1..{MAX_NSID}")
-                shape = _shape(ns)  # which files it mentions: the same for nearly all
+                shape = ns_shape(ns)  # the same for nearly every namespace
                 if shape not in checked:
                     self._need_features("namespace", ns.files(), (nqn, nsid))
                     checked.add(shape)
@@ -547,13 +549,6 @@ class _Planner:
 
 
 
-def _shape(ns: Namespace) -> tuple[object, ...]:
-    """Which attribute files ``ns`` mentions (not their values)."""
-    return (ns.device_path is None, ns.device_uuid is None, ns.device_nguid is None,
-            ns.enable is None, ns.ana_grpid is None, ns.buffered_io is None,
-            tuple(ns.attrs) if ns.attrs else ())
-
-
 def _agrees(ns: Namespace, lns: Namespace) -> bool:
     """Every attribute ``ns`` mentions has that value in ``lns`` (then the plan for the
     namespace is empty: nothing to write, enable as wanted)."""
@@ -563,7 +558,7 @@ def _agrees(ns: Namespace, lns: Namespace) -> bool:
             and (ns.enable is None or ns.enable == lns.enable)
             and (ns.ana_grpid is None or ns.ana_grpid == lns.ana_grpid)
             and (ns.buffered_io is None or ns.buffered_io == lns.buffered_io)
-            and (not ns.attrs or all(lns.attrs.get(k) == v for k, v in ns.attrs.items())))
+            and (ns.attrs is EMPTY or all(lns.attrs.get(k) == v for k, v in ns.attrs.items())))
 
 
 def _addr_keys(addr: Mapping[str, str]) -> list[str]:

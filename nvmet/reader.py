@@ -89,7 +89,7 @@ def _files(fs: ConfigFS, path: str, entries: list[Entry]) -> dict[str, str]:
 
 def _number(name: str, what: str, parent: str) -> int:
     """``name`` (listed in directory ``parent``) as a plain decimal number."""
-    if not name.isdigit() or str(int(name)) != name:
+    if not (name.isascii() and name.isdigit()) or str(int(name)) != name:
         path = join(parent, name)
         raise ReadError(f"{what} directory {path!r} is not a plain decimal number",
                         path=path, op="read",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .model import Tree
+from .model import Tree, ns_shape
 from .reader import Features
 
 #: The planner's own needs, whatever the desired tree says (see the module docstring).
@@ -82,9 +82,14 @@ def _mentioned(desired: Tree) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {f: set() for f in PLANNER_FILES}
     for host in desired.hosts.values():
         out["hosts"].update(host.attrs)
+    seen = set()
     for sub in desired.subsystems.values():
         out["subsystems"].update(f"attr_{k}" for k in sub.attrs)
-        out["namespaces"].update(*(ns.files() for ns in sub.namespaces.values()))
+        for ns in sub.namespaces.values():
+            shape = ns_shape(ns)  # the same for nearly every namespace
+            if shape not in seen:
+                seen.add(shape)
+                out["namespaces"].update(ns.files())
     if out["subsystems"] & {"attr_cntlid_min", "attr_cntlid_max"}:
         # the planner orders a min/max change by the live other bound
         out["subsystems"] |= {"attr_cntlid_min", "attr_cntlid_max"}

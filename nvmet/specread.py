@@ -57,7 +57,8 @@ def _subsystems(fs: ConfigFS, spec: ReadSpec) -> list[Subsystem]:
     out = []
     for nqn, sub_files, (ns_root, names), ns_files, allowed in zip(
             nqns, attrs, jobs, files, hosts, strict=True):
-        nsids = [_number(n, "namespace", ns_root) for n in names]
+        nsids = [int(n) if n.isascii() and n.isdigit() and n[0] != "0" else
+                 _number(n, "namespace", ns_root) for n in names]
         out.append(Subsystem(nqn=nqn, attrs=_prefixed(sub_files, "attr_"),
                              namespaces=[from_files(nsid, f)
                                          for nsid, f in zip(nsids, ns_files, strict=True)],

@@ -342,3 +342,14 @@ def test_namespace_from_files_is_the_constructor(files, grp) -> None:
         buffered_io=None if "buffered_io" not in files else files["buffered_io"] == "1")
     got = Namespace.from_files(5, files)
     assert got == expected and hash(got) == hash(expected)
+
+
+@pytest.mark.parametrize("name", ["01", "²", "١", "x"])
+def test_a_namespace_directory_that_is_not_a_plain_number_is_a_read_error(tmp_path,
+                                                                          name) -> None:
+    desired = sample()
+    root = materialize(fake_with(desired), tmp_path) / "nvmet"
+    (root / "subsystems" / SUB2 / "namespaces" / name).mkdir()
+    for spec in (read_spec(desired), None):
+        with pytest.raises(ReadError, match="plain decimal"):
+            read(RealConfigFS(root), spec=spec)

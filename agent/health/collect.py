@@ -48,6 +48,8 @@ from .snapshot import (
 
 log = get_logger("health.collect")
 NVMET_DEBUGFS = Path("/sys/kernel/debug/nvmet")
+#: What a pool's health needs of nvmet (every collect): names, links, enabled namespaces.
+HEALTH_SPEC = nvmet.ReadSpec(namespaces=frozenset({"enable"}))
 
 
 def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
@@ -128,7 +130,7 @@ def _target_pools(cfg: Config, fs: nvmet.ConfigFS | None) -> list[PoolHealth]:
         return [PoolHealth("target", p.name, "failed", False, (f"records: {exc.message}",))
                 for p in cfg.target.pools]
     try:
-        live = nvmet.read(fs if fs is not None else nvmet_fs(cfg))
+        live = nvmet.read(fs if fs is not None else nvmet_fs(cfg), spec=HEALTH_SPEC)
     except NvmetError as exc:
         return [PoolHealth("target", p.name, "failed", False, (f"nvmet: {exc.message}",))
                 for p in cfg.target.pools]

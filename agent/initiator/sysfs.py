@@ -263,8 +263,12 @@ class Sysfs:
         return [s for s in (self.subsystem(n) for n in names) if s]
 
     # -- namespaces -----------------------------------------------------------
-    def namespace(self, name: str) -> NamespaceHead | None:
-        """The namespace block device ``name`` (``nvme2n1``) with its paths, or None."""
+    def namespace(self, name: str, block: list[str] | None = None) -> NamespaceHead | None:
+        """The namespace block device ``name`` (``nvme2n1``) with its paths, or None.
+
+        ``block``: a listing of ``<sysfs>/block`` to find the paths in (listed here if
+        not given; a caller looking at many heads lists it once).
+        """
         d = self.root / "block" / name
         if not _HEAD_RE.match(name):
             return None
@@ -277,7 +281,7 @@ class Sysfs:
         subsysnqn = None
         if subsystem:
             subsysnqn = read_attr(self.root / "class/nvme-subsystem" / subsystem / "subsysnqn")
-            paths = self._paths_of(name)
+            paths = self._paths_of(name, block)
         else:
             # No native multipath: the block device hangs off its controller directly.
             ctrl = parent if parent and _CTRL_RE.match(parent) else None
@@ -293,12 +297,15 @@ class Sysfs:
             subsystem=subsystem, subsysnqn=subsysnqn, paths=paths,
         )
 
-    def _paths_of(self, head: str) -> tuple[NamespacePath, ...]:
+    def _paths_of(self, head: str, block: list[str] | None = None) -> tuple[NamespacePath, ...]:
         m = _HEAD_RE.match(head)
         assert m
         inst, nsid = m.groups()
         found = []
-        for entry in _listdir(self.root / "block"):
+        prefix = f"nvme{inst}c"
+        for entry in _listdir(self.root / "block") if block is None else block:
+            if not entry.startswith(prefix):
+                continue
             pm = _PATH_RE.match(entry)
             if not pm or pm.group(1) != inst or pm.group(3) != nsid:
                 continue
@@ -319,7 +326,34 @@ class Sysfs:
 
     def namespaces(self) -> list[NamespaceHead]:
         """Every namespace block device (multipath heads; hidden path nodes are folded in)."""
-        return [h for h in (self.namespace(n) for n in self.namespace_names()) if h]
+        block = _listdir(self.root / "block")
+        return [h for h in (self.namespace(n, block) for n in block if _HEAD_RE.match(n)) if h]
+
+    def subsystem_namespaces(self, subsysnqn: str) -> dict[int, NamespaceHead]:
+        """The namespaces of subsystem ``subsysnqn`` on this host, by nsid.
+
+        Looks only at that subsystem: its ``nvme-subsys`` directory (multipath heads) and
+        its controllers' directories (heads without native multipath); ``<sysfs>/block``
+        is listed once for the paths. No walk of every block device.
+        """
+        out: dict[int, NamespaceHead] = {}
+        block: list[str] | None = None
+        root = self.root / "class/nvme-subsystem"
+        for sub in _listdir(root):
+            if not _SUBSYS_RE.match(sub) or read_attr(root / sub / "subsysnqn") != subsysnqn:
+                continue
+            entries = _listdir(root / sub)
+            heads = [e for e in entries if _HEAD_RE.match(e)]
+            for ctrl in (e for e in entries if _CTRL_RE.match(e)):
+                heads += [e for e in _listdir(self.root / "class/nvme" / ctrl)
+                          if _HEAD_RE.match(e)]
+            if heads and block is None:
+                block = _listdir(self.root / "block")
+            for name in heads:
+                head = self.namespace(name, block)
+                if head is not None and head.nsid is not None and head.subsysnqn == subsysnqn:
+                    out.setdefault(head.nsid, head)
+        return out
 
     def namespace_by_nsid(self, subsysnqn: str, nsid: int) -> NamespaceHead | None:
         """The namespace ``nsid`` of subsystem ``subsysnqn`` on this host, or None."""

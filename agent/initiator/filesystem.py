@@ -115,8 +115,9 @@ def ensure_filesystem(device: str, fs_uuid: str, label: str, runner: Runner, *,
     """Make sure ``device`` holds this host's finished xfs; True when one was made now.
 
     Blank → mkfs.xfs with the deterministic uuid. A finished xfs with that uuid →
-    accepted (read from its superblock, with no blkid process). An xfs with that uuid that mkfs never finished (killed, power cut:
-    ``sb_inprogress`` still set) is this host's own unfinished work → made again
+    accepted (read from its superblock, with no blkid process). An xfs with that uuid
+    that mkfs never finished (killed, power cut: ``sb_inprogress`` still set) is this
+    host's own unfinished work → made again
     (``-f``: the uuid proves it is ours). Anything else → :class:`ForeignFilesystem`
     (the device is left untouched).
     """

@@ -127,8 +127,17 @@ class TargetPass:
         self.state_dir = Path(cfg.node.state_dir)
         self.prefix = f"{cfg.node.nqn_prefix}:{cfg.node.name}"
         self.rebind = frozenset(rebind)
+        self._realpaths: dict[str, str] = {}
 
     # ------------------------------------------------------------------ helpers
+    def _real(self, path: str) -> str:
+        """``os.path.realpath``, once per path in this pass (the pass resolves every live
+        namespace's device twice; a new pass resolves them again)."""
+        real = self._realpaths.get(path)
+        if real is None:
+            real = self._realpaths[path] = os.path.realpath(path)
+        return real
+
     def _pool_of(self, nqn: str) -> str | None:
         parsed = parse_subsystem_nqn(self.cfg.node.nqn_prefix, nqn)
         return parsed[1] if parsed and parsed[0] == self.cfg.node.name else None
@@ -236,7 +245,7 @@ class TargetPass:
 
     def _context(self, pools: list[TargetPool], records: TargetRecords,
                  live: Tree) -> PassContext:
-        exported = {os.path.realpath(ns.device_path): sub.nqn
+        exported = {self._real(ns.device_path): sub.nqn
                     for sub in live.subsystems.values() for ns in sub.namespaces.values()
                     if ns.device_path and ns.device_path.startswith("/dev/")}
         listed = [use for pool in pools for use in driver_for(pool).devices(pool)]
@@ -277,7 +286,7 @@ class TargetPass:
         for sub in live.subsystems.values():
             for ns in sub.namespaces.values():
                 if ns.device_path:
-                    exported[os.path.realpath(ns.device_path)] = (sub.nqn, ns.nsid)
+                    exported[self._real(ns.device_path)] = (sub.nqn, ns.nsid)
         kept: dict[str, dict[Key, Namespace | None]] = {}
         for pool in pools:
             if pool.name in failed:
@@ -296,7 +305,7 @@ class TargetPass:
     def _refusal(self, ctx: PassContext, pool: TargetPool, vol: Volume, nqn: str,
                  live_ns: Namespace | None,
                  exported: dict[str, tuple[str, int]]) -> tuple[str, str] | None:
-        where = exported.get(os.path.realpath(vol.path))
+        where = exported.get(self._real(vol.path))
         if where is not None and where != (nqn, vol.nsid):
             return (f"pool {pool.name}: namespace {vol.nsid} of {nqn} would export "
                     f"{vol.storage.describe()}, which nvmet already exports as namespace "

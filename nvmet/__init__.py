@@ -2,7 +2,8 @@
 
 Typed model (:mod:`nvmet.model`), a filesystem seam (:mod:`nvmet.configfs`, with an
 in-memory kernel-like fake in :mod:`nvmet.fake`), a live reader with feature detection
-(:mod:`nvmet.reader`), a pure planner (:mod:`nvmet.planner`), an ordered applier with
+(:mod:`nvmet.reader`; the planner's narrower read in :mod:`nvmet.readspec` and
+:mod:`nvmet.specread`), a pure planner (:mod:`nvmet.planner`), an ordered applier with
 errno-typed errors (:mod:`nvmet.applier`, :mod:`nvmet.errors`) and nvmetcli JSON
 import/export (:mod:`nvmet.nvmetcli`). It knows nothing about pools or engines.
 """
@@ -13,6 +14,8 @@ from .errors import NvmetError
 from .model import Host, Namespace, Port, Referral, Subsystem, Tree
 from .planner import Action, Scope, plan
 from .reader import Features, features, read
+from .readspec import ReadSpec, read_spec
+from .specread import read_more
 
 __all__ = [
     "Action",
@@ -24,6 +27,7 @@ __all__ = [
     "Namespace",
     "NvmetError",
     "Port",
+    "ReadSpec",
     "RealConfigFS",
     "Referral",
     "Scope",
@@ -33,4 +37,6 @@ __all__ = [
     "features",
     "plan",
     "read",
+    "read_more",
+    "read_spec",
 ]

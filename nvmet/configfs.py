@@ -1,7 +1,8 @@
 """The filesystem seam: a small interface to the nvmet configfs tree.
 
 Paths are relative to the nvmet root (``subsystems/<nqn>/attr_model``); ``""`` is the
-root itself. Errors are :class:`OSError` carrying the kernel's errno. Every mutating
+root itself. Errors are :class:`OSError` carrying the kernel's errno (and, from
+``read_attrs``/``children``, the failing path relative to the root as ``filename``). Every mutating
 call (write, mkdir, rmdir, symlink, unlink), successful or not, adds one to ``writes``
 so callers can prove that a converged apply performs no configfs writes.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
@@ -64,6 +66,25 @@ class ConfigFS(Protocol):
         """Target of a link, relative to the root."""
         ...
 
+    def read_attrs(self, path: str, names: Iterable[str]) -> dict[str, str]:
+        """Values of the attribute files ``names`` of directory ``path``, one read each.
+
+        A name the directory does not have is left out (an attribute this kernel lacks);
+        ENOENT when ``path`` itself is gone.
+        """
+        ...
+
+    def children(self, path: str) -> tuple[list[str], list[str], list[str]]:
+        """Names of the sub-directories, links and files in ``path`` (one listing, no stat
+        per entry)."""
+        ...
+
+    def read_each(self, path: str, children: Sequence[str],
+                  names: Iterable[str]) -> list[dict[str, str]]:
+        """:meth:`read_attrs` of every directory ``path/<child>``, in ``children``'s order
+        (``children`` are names listed in ``path``: no ``/``, no ``..``)."""
+        ...
+
 
 def join(*parts: str) -> str:
     """Join path parts relative to the nvmet root."""
@@ -75,6 +96,7 @@ class RealConfigFS:
 
     def __init__(self, root: str | os.PathLike[str] = "/sys/kernel/config/nvmet"):
         self.root = Path(root)
+        self._root = str(self.root)
         self.writes = 0
 
     def __repr__(self) -> str:
@@ -83,7 +105,7 @@ class RealConfigFS:
     def _abs(self, path: str) -> str:
         if path.startswith("/") or ".." in path.split("/"):
             raise OSError(errno.EINVAL, f"path must be relative to the nvmet root: {path!r}")
-        return str(self.root / path) if path else str(self.root)
+        return f"{self._root}/{path}" if path else self._root
 
     def read(self, path: str) -> str:
         # configfs fills the whole value (at most one page) on the first read: one call.
@@ -140,6 +162,87 @@ class RealConfigFS:
 
     def is_link(self, path: str) -> bool:
         return os.path.islink(self._abs(path))
+
+    def read_attrs(self, path: str, names: Iterable[str]) -> dict[str, str]:
+        # The hot loop of a converged pass: plain os calls, one open/read/close per file.
+        base = self._abs(path)
+        out = {}
+        for name in names:
+            full = f"{base}/{name}"
+            try:
+                fd = os.open(full, os.O_RDONLY)
+            except FileNotFoundError:
+                if os.path.isdir(base):
+                    continue  # this kernel has no such attribute
+                raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, join(path, name)) from None
+            try:
+                data = os.read(fd, 65536)
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, join(path, name)) from None
+            finally:
+                os.close(fd)
+            out[name] = data.decode("utf-8", "replace").rstrip("\n")
+        return out
+
+    def read_each(self, path: str, children: Sequence[str],
+                  names: Iterable[str]) -> list[dict[str, str]]:
+        # The hot loop of a converged pass (every namespace of a subsystem): one open of
+        # the parent, then per file an openat() relative to it (a two-name path walk
+        # instead of the whole path), a read and a close; as little Python as possible
+        # per file (local names, no per-file helper calls).
+        names = tuple(names)
+        base = self._abs(path)
+        _open, _read, _close, rdonly = os.open, os.read, os.close, os.O_RDONLY
+        pfd = _open(base, rdonly | os.O_DIRECTORY)
+        out: list[dict[str, str]] = []
+        try:
+            for child in children:
+                got: dict[str, str] = {}
+                for name in names:
+                    try:
+                        fd = _open(f"{child}/{name}", rdonly, dir_fd=pfd)
+                    except FileNotFoundError:
+                        if os.path.isdir(f"{base}/{child}"):
+                            continue  # this kernel has no such attribute
+                        raise OSError(errno.ENOENT, os.strerror(errno.ENOENT),
+                                      f"{path}/{child}") from None
+                    except OSError as exc:
+                        raise OSError(exc.errno, exc.strerror,
+                                      f"{path}/{child}/{name}") from None
+                    try:
+                        data = _read(fd, 65536)
+                    except OSError as exc:
+                        raise OSError(exc.errno, exc.strerror,
+                                      f"{path}/{child}/{name}") from None
+                    finally:
+                        _close(fd)
+                    try:
+                        got[name] = data.decode().rstrip("\n")
+                    except UnicodeDecodeError:
+                        got[name] = data.decode("utf-8", "replace").rstrip("\n")
+                out.append(got)
+        finally:
+            _close(pfd)
+        return out
+
+    def children(self, path: str) -> tuple[list[str], list[str], list[str]]:
+        dirs: list[str] = []
+        links: list[str] = []
+        files: list[str] = []
+        try:
+            with os.scandir(self._abs(path)) as it:
+                for d in it:  # the kind comes from the listing (d_type): no stat
+                    if d.is_symlink():
+                        links.append(d.name)
+                    elif d.is_dir(follow_symlinks=False):
+                        dirs.append(d.name)
+                    else:
+                        files.append(d.name)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, path) from None
+        return dirs, links, files
 
     def readlink(self, path: str) -> str:
         link = self._abs(path)

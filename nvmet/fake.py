@@ -35,7 +35,8 @@ import ipaddress
 import random
 import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,6 +244,8 @@ class FakeConfigFS:
         self.check_order = check_order
         self.writes = 0
         self.reads = 0
+        #: How many times each attribute file was read (path -> count).
+        self.files_read: Counter[str] = Counter()
         self.ops: list[Op] = []
         self.occupied: set[tuple[str, str, str]] = set()
         self._bound: dict[tuple[str, ...], tuple[str, str, str]] = {}
@@ -274,6 +277,7 @@ class FakeConfigFS:
         twin = copy.deepcopy(self)
         twin.writes = 0
         twin.reads = 0
+        twin.files_read = Counter()
         twin.ops = []
         return twin
 
@@ -292,6 +296,7 @@ class FakeConfigFS:
 
     def read(self, path: str) -> str:
         self.reads += 1
+        self.files_read[path] += 1
         node = self._lookup(path)
         if isinstance(node, (_Dir, _Link)):
             raise _err(E.EISDIR, path)
@@ -341,6 +346,28 @@ class FakeConfigFS:
             return isinstance(self._lookup(path), _Link)
         except OSError:
             return False
+
+    def read_attrs(self, path: str, names: Iterable[str]) -> dict[str, str]:
+        out = {}
+        for name in names:
+            full = f"{path}/{name}"
+            try:
+                out[name] = self.read(full)
+            except FileNotFoundError:
+                if not isinstance(self._lookup(path), _Dir):  # ENOENT when path is gone
+                    raise _err(E.ENOTDIR, path) from None
+        return out
+
+    def read_each(self, path: str, children: Sequence[str],
+                  names: Iterable[str]) -> list[dict[str, str]]:
+        names = tuple(names)
+        return [self.read_attrs(f"{path}/{c}", names) for c in children]
+
+    def children(self, path: str) -> tuple[list[str], list[str], list[str]]:
+        entries = self.list(path)
+        return ([e.name for e in entries if e.kind == "dir"],
+                [e.name for e in entries if e.kind == "link"],
+                [e.name for e in entries if e.kind == "file"])
 
     def readlink(self, path: str) -> str:
         node = self._lookup(path)

@@ -43,6 +43,7 @@ ADDR_ORDER = ("trtype", "adrfam", "traddr", "trsvcid", "treq", "tsas", "portid")
 _TRUE = {"1", "y", "yes", "true", "on"}
 _FALSE = {"0", "n", "no", "false", "off"}
 _VERSION_RE = re.compile(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?\s*$")
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 class FrozenMap(Mapping[K, V], Generic[K, V]):
@@ -56,6 +57,23 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
 
     def __getitem__(self, key: K) -> V:
         return self._data[key]
+
+    # The Mapping mixins go through __getitem__ and exceptions; the planner calls these
+    # per namespace, so they go straight to the dict.
+    def get(self, key: K, default: Any = None) -> Any:
+        return self._data.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def keys(self) -> Any:
+        return self._data.keys()
+
+    def items(self) -> Any:
+        return self._data.items()
+
+    def values(self) -> Any:
+        return self._data.values()
 
     def __iter__(self) -> Iterator[K]:
         return iter(self._data)
@@ -81,6 +99,10 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
         data = dict(self._data)
         data.update(changes)  # type: ignore[arg-type]
         return FrozenMap(data)
+
+
+#: The empty attribute map every object without extra attributes shares.
+EMPTY: FrozenMap[str, str] = FrozenMap()
 
 
 def canonical(name: str, value: Any) -> str:
@@ -110,6 +132,8 @@ def canonical(name: str, value: Any) -> str:
         except ValueError:
             return text
     if name in ("device_uuid", "device_nguid"):
+        if _UUID_RE.fullmatch(text):
+            return text  # already as the kernel shows it
         try:
             return str(uuid.UUID(text))
         except ValueError:
@@ -124,7 +148,9 @@ def canonical(name: str, value: Any) -> str:
 
 
 def _attrs(prefix: str, data: Mapping[str, Any] | None) -> FrozenMap[str, str]:
-    return FrozenMap({str(k): canonical(prefix + str(k), v) for k, v in (data or {}).items()})
+    if not data:
+        return EMPTY  # shared: hot paths test ``attrs is EMPTY`` instead of calling len()
+    return FrozenMap({str(k): canonical(prefix + str(k), v) for k, v in data.items()})
 
 
 def _opt(name: str, value: Any) -> str | None:
@@ -141,6 +167,11 @@ class Host:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attrs", _attrs("", self.attrs))
+
+
+#: The attribute files :class:`Namespace` has fields for.
+_NS_FIELDS = frozenset({"device_path", "device_uuid", "device_nguid", "enable", "ana_grpid",
+                        "buffered_io"})
 
 
 @dataclass(frozen=True)
@@ -172,6 +203,37 @@ class Namespace:
             object.__setattr__(self, "ana_grpid", int(self.ana_grpid))
         object.__setattr__(self, "attrs", _attrs("", self.attrs))
 
+    @classmethod
+    def from_files(cls, nsid: int, files: Mapping[str, str]) -> Namespace:
+        """The namespace whose attribute files (as configfs shows them) are ``files``;
+        ``device_path`` ``(null)`` or empty is unset, a file not given is ``None``.
+
+        Equal to ``Namespace(nsid, device_path=..., enable=files["enable"] == "1", ...)``
+        with other files in ``attrs``, but built without the per-field conversions where
+        the kernel's form is already canonical: a live read builds one per namespace,
+        every pass.
+        """
+        get = files.get
+        path = get("device_path")
+        if path is not None:
+            path = None if path in ("(null)", "") else path.strip()
+        ids = []
+        for name in ("device_uuid", "device_nguid"):
+            value = get(name)
+            if value is not None and not _UUID_RE.fullmatch(value):
+                value = canonical(name, value)
+            ids.append(value)
+        enable, grp, buffered = get("enable"), get("ana_grpid"), get("buffered_io")
+        other = files.keys() - _NS_FIELDS
+        ns = object.__new__(cls)
+        ns.__dict__.update(
+            nsid=nsid, device_path=path, device_uuid=ids[0], device_nguid=ids[1],
+            enable=None if enable is None else enable == "1",
+            ana_grpid=None if grp is None else int(grp),
+            buffered_io=None if buffered is None else buffered == "1",
+            attrs=FrozenMap({k: canonical(k, files[k]) for k in other}) if other else EMPTY)
+        return ns
+
     def files(self) -> dict[str, str]:
         """Every mentioned attribute as ``{file name: kernel value}``."""
         out: dict[str, str] = {}
@@ -185,8 +247,17 @@ class Namespace:
             out["ana_grpid"] = str(self.ana_grpid)
         if self.enable is not None:
             out["enable"] = "1" if self.enable else "0"
-        out.update(self.attrs)
+        if self.attrs is not EMPTY:
+            out.update(self.attrs.items())
         return out
+
+
+def ns_shape(ns: Namespace) -> tuple[object, ...]:
+    """Which attribute files ``ns`` mentions, not their values (a hashable key: planning
+    checks features once per shape, not once per namespace)."""
+    return (ns.device_path is None, ns.device_uuid is None, ns.device_nguid is None,
+            ns.enable is None, ns.ana_grpid is None, ns.buffered_io is None,
+            () if ns.attrs is EMPTY else tuple(ns.attrs))
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ def _check_common(nqn: str) -> None:
         raise InvalidNQN(f"is {size} bytes long; an NQN is at most {NQN_MAX_BYTES} bytes")
     if "/" in nqn:
         raise InvalidNQN("must not contain '/'")
+    if nqn.isprintable() and " " not in nqn:
+        return  # neither whitespace nor control characters (one C call, not one per char)
     if any(ch.isspace() for ch in nqn):
         raise InvalidNQN("must not contain whitespace")
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in nqn):

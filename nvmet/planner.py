@@ -25,6 +25,7 @@ from .configfs import join
 from .errors import FeatureMissing, OutOfScope, PlanError, ScopeConflict
 from .model import (
     ADDR_ORDER,
+    EMPTY,
     NS_DISABLED_ONLY,
     FrozenMap,
     Namespace,
@@ -32,6 +33,7 @@ from .model import (
     Referral,
     Subsystem,
     Tree,
+    ns_shape,
 )
 from .nqn import InvalidNQN, validate_nqn
 from .reader import FEATURE_NAMES, Features
@@ -154,6 +156,7 @@ class _Planner:
         self.recreated_ports: set[int] = set()
         self.port_write_keys: dict[int, set[str]] = {}
         self.enable_keys: dict[tuple[str, int], str] = {}
+        self.ns_shapes: set[tuple[object, ...]] = set()
 
     # ------------------------------------------------------------------ validation
 
@@ -177,13 +180,17 @@ class _Planner:
             if sub.allowed_hosts and sub.attrs.get("allow_any_host") == "1":
                 self.problems.append(f"subsystem {nqn} has allow_any_host=1 and allowed_hosts; "
                                      "the kernel refuses that combination")
+            live_sub = self.live.subsystems.get(nqn)
+            checked = self.ns_shapes
             for nsid, ns in sub.namespaces.items():
                 if not 1 <= nsid <= MAX_NSID:
                     self.problems.append(f"subsystem {nqn}: nsid {nsid} is not in 1..{MAX_NSID}")
-                self._need_features("namespace", ns.files(), _ns_path(nqn, nsid))
-                live_ns = self.live.subsystems.get(nqn)
-                exists = live_ns is not None and nsid in live_ns.namespaces
-                if ns.enable and ns.device_path is None and not exists:
+                shape = ns_shape(ns)  # the same for nearly every namespace
+                if shape not in checked:
+                    self._need_features("namespace", ns.files(), (nqn, nsid))
+                    checked.add(shape)
+                if ns.enable and ns.device_path is None and (
+                        live_sub is None or nsid not in live_sub.namespaces):
                     self.problems.append(f"subsystem {nqn} namespace {nsid}: enable needs a "
                                          "device_path")
         for pid, port in d.ports.items():
@@ -217,11 +224,15 @@ class _Planner:
         except InvalidNQN as exc:
             self.problems.append(f"{what} NQN {nqn!r} {exc}")
 
-    def _need_features(self, kind: str, files: Mapping[str, str], path: str) -> None:
+    def _need_features(self, kind: str, files: Mapping[str, str],
+                       where: str | tuple[str, int]) -> None:
+        """FeatureMissing for the first file of ``files`` this kernel lacks; ``where``: the
+        object's path, or (subsystem NQN, nsid) for a namespace."""
         if self.features is None:
             return
         for name in sorted(files):
             if self.features.has(kind, name) is False:
+                path = where if isinstance(where, str) else _ns_path(*where)
                 raise FeatureMissing(FEATURE_NAMES.get(name, f"attribute {name}"), name, kind,
                                      self.features.kernel, path=path)
 
@@ -413,6 +424,8 @@ class _Planner:
                                      join(path, "attr_allow_any_host")})))
 
     def _plan_namespace(self, nqn: str, ns: Namespace, lns: Namespace | None) -> None:
+        if lns is not None and _agrees(ns, lns):
+            return  # the converged case, without building paths or dicts
         path = _ns_path(nqn, ns.nsid)
         label = f"namespace {ns.nsid} of {nqn}"
         wanted = {k: v for k, v in ns.files().items() if k != "enable"}
@@ -534,6 +547,18 @@ class _Planner:
                 *self.mk_namespaces, *self.link_hosts, *self.mk_ports, *self.link_ports,
                 *self.final]
 
+
+
+def _agrees(ns: Namespace, lns: Namespace) -> bool:
+    """Every attribute ``ns`` mentions has that value in ``lns`` (then the plan for the
+    namespace is empty: nothing to write, enable as wanted)."""
+    return ((ns.device_path is None or ns.device_path == lns.device_path)
+            and (ns.device_uuid is None or ns.device_uuid == lns.device_uuid)
+            and (ns.device_nguid is None or ns.device_nguid == lns.device_nguid)
+            and (ns.enable is None or ns.enable == lns.enable)
+            and (ns.ana_grpid is None or ns.ana_grpid == lns.ana_grpid)
+            and (ns.buffered_io is None or ns.buffered_io == lns.buffered_io)
+            and (ns.attrs is EMPTY or all(lns.attrs.get(k) == v for k, v in ns.attrs.items())))
 
 
 def _addr_keys(addr: Mapping[str, str]) -> list[str]:

@@ -1,8 +1,18 @@
 """Read the live nvmet tree, and detect kernel features, from any :class:`ConfigFS`.
 
-Attributes are found by listing directories (like nvmetcli's globbing), so attributes
-that newer kernels add are read without code changes. A failed read raises
-:class:`~nvmet.errors.ReadError`; it never returns a partial or empty tree.
+Two ways to read, both live every time (nothing is cached between reads):
+
+* the full read (``read(fs)``): every attribute file, found by listing directories
+  (like nvmetcli's globbing), so attributes that newer kernels add are read without
+  code changes — for ``kvagent target show`` and nvmetcli export;
+* the planner's read (``read(fs, spec=read_spec(desired, features))``): only the files a
+  :class:`~nvmet.readspec.ReadSpec` names (what the planner needs plus what the desired
+  tree mentions), one open/read/close per file and one listing per directory that holds
+  objects or links — the converged pass's cost. Attributes outside the spec are absent
+  from the result (``None`` for a namespace's fields, ``""`` for an unread ANA state).
+
+A failed read raises :class:`~nvmet.errors.ReadError`; it never returns a partial or
+empty tree.
 """
 
 from __future__ import annotations
@@ -11,10 +21,14 @@ import errno as E
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .configfs import ConfigFS, Entry, join
 from .errors import NvmetUnavailable, ReadError
 from .model import FrozenMap, Host, Namespace, Port, Referral, Subsystem, Tree
+
+if TYPE_CHECKING:
+    from .readspec import ReadSpec
 
 #: Where the planner looks for an attribute: object kind -> file-name list source.
 KINDS = ("host", "subsystem", "namespace", "port", "referral", "ana_group")
@@ -39,15 +53,23 @@ NOT_LOADED_HINT = ("load the target driver and mount configfs: 'modprobe nvmet' 
                    "nvmet-tcp / nvmet-rdma), 'mount -t configfs none /sys/kernel/config'")
 
 
+def read_error(path: str, exc: OSError) -> ReadError:
+    """The ReadError for a failed read at ``path`` (or at the relative path ``exc`` names:
+    ``read_attrs`` and ``children`` name the file that failed)."""
+    if isinstance(exc.filename, str) and exc.filename and not exc.filename.startswith("/"):
+        path = exc.filename
+    return ReadError(f"cannot read nvmet configfs at {path or '.'}: "
+                     f"{exc.strerror or exc} ({E.errorcode.get(exc.errno or -1, '?')})",
+                     errno=exc.errno, path=path, op="read",
+                     hint="the live state is unknown; nothing was changed")
+
+
 @contextmanager
 def _reading(path: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        raise ReadError(f"cannot read nvmet configfs at {path or '.'}: "
-                        f"{exc.strerror or exc} ({E.errorcode.get(exc.errno or -1, '?')})",
-                        errno=exc.errno, path=path, op="read",
-                        hint="the live state is unknown; nothing was changed") from exc
+        raise read_error(path, exc) from exc
 
 
 def _list(fs: ConfigFS, path: str) -> list[Entry]:
@@ -65,8 +87,10 @@ def _files(fs: ConfigFS, path: str, entries: list[Entry]) -> dict[str, str]:
     return out
 
 
-def _number(name: str, what: str, path: str) -> int:
-    if not name.isdigit() or str(int(name)) != name:
+def _number(name: str, what: str, parent: str) -> int:
+    """``name`` (listed in directory ``parent``) as a plain decimal number."""
+    if not (name.isascii() and name.isdigit()) or str(int(name)) != name:
+        path = join(parent, name)
         raise ReadError(f"{what} directory {path!r} is not a plain decimal number",
                         path=path, op="read",
                         hint="rename it (rmdir and mkdir with a decimal name); it was not "
@@ -90,21 +114,7 @@ def check_available(fs: ConfigFS) -> None:
 
 def read_namespace(fs: ConfigFS, path: str, nsid: int) -> Namespace:
     """One namespace directory."""
-    files = _files(fs, path, _list(fs, path))
-    path_value = files.pop("device_path", None)
-    enable = files.pop("enable", None)
-    grp = files.pop("ana_grpid", None)
-    buffered = files.pop("buffered_io", None)
-    return Namespace(
-        nsid=nsid,
-        device_path=None if path_value in (None, "(null)", "") else path_value,
-        device_uuid=files.pop("device_uuid", None),
-        device_nguid=files.pop("device_nguid", None),
-        enable=None if enable is None else enable == "1",
-        ana_grpid=None if grp is None else int(grp),
-        buffered_io=None if buffered is None else buffered == "1",
-        attrs=files,
-    )
+    return Namespace.from_files(nsid, _files(fs, path, _list(fs, path)))
 
 
 def read_subsystem(fs: ConfigFS, nqn: str) -> Subsystem:
@@ -118,7 +128,7 @@ def read_subsystem(fs: ConfigFS, nqn: str) -> Subsystem:
     for e in _list(fs, ns_root):
         if e.kind == "dir":
             p = join(ns_root, e.name)
-            namespaces.append(read_namespace(fs, p, _number(e.name, "namespace", p)))
+            namespaces.append(read_namespace(fs, p, _number(e.name, "namespace", ns_root)))
     hosts = [e.name for e in _list(fs, join(path, "allowed_hosts")) if e.kind == "link"]
     return Subsystem(nqn=nqn, attrs=attrs, namespaces=namespaces, allowed_hosts=frozenset(hosts))
 
@@ -130,7 +140,7 @@ def _prefixed(files: Mapping[str, str], prefix: str) -> dict[str, str]:
 def read_port(fs: ConfigFS, name: str) -> Port:
     """One port with its links, ANA groups and referrals."""
     path = join("ports", name)
-    port_id = _number(name, "port", path)
+    port_id = _number(name, "port", "ports")
     files = _files(fs, path, _list(fs, path))
     links = [e.name for e in _list(fs, join(path, "subsystems")) if e.kind == "link"]
     groups: dict[int, str] = {}
@@ -139,7 +149,8 @@ def read_port(fs: ConfigFS, name: str) -> Port:
             if e.kind == "dir":
                 gpath = join(path, "ana_groups", e.name)
                 gfiles = _files(fs, gpath, _list(fs, gpath))
-                groups[_number(e.name, "ANA group", gpath)] = gfiles.get("ana_state", "")
+                groups[_number(e.name, "ANA group", join(path, "ana_groups"))] = gfiles.get(
+                    "ana_state", "")
     referrals = []
     if fs.exists(join(path, "referrals")):
         for e in _list(fs, join(path, "referrals")):
@@ -153,8 +164,15 @@ def read_port(fs: ConfigFS, name: str) -> Port:
                 subsystems=frozenset(links), ana_groups=groups, referrals=referrals)
 
 
-def read(fs: ConfigFS) -> Tree:
-    """The whole live tree. Raises NvmetUnavailable (no nvmet) or ReadError (any failure)."""
+def read(fs: ConfigFS, spec: ReadSpec | None = None) -> Tree:
+    """The live tree: every attribute (``spec`` None), or only the files ``spec`` names.
+
+    Raises NvmetUnavailable (no nvmet) or ReadError (any failure).
+    """
+    if spec is not None:
+        from .specread import read_planned
+
+        return read_planned(fs, spec)
     check_available(fs)
     hosts = []
     for e in _list(fs, "hosts"):
@@ -200,38 +218,42 @@ class Features:
         return self.has("subsystem", "attr_qid_max")
 
 
+def _children(fs: ConfigFS, path: str) -> tuple[list[str], list[str], list[str]]:
+    with _reading(path):
+        return fs.children(path)
+
+
 def _file_names(fs: ConfigFS, path: str) -> frozenset[str]:
-    return frozenset(e.name for e in _list(fs, path) if e.kind == "file")
+    return frozenset(_children(fs, path)[2])
 
 
 def _first_dir(fs: ConfigFS, path: str) -> str | None:
-    for e in _list(fs, path):
-        if e.kind == "dir":
-            return join(path, e.name)
-    return None
+    dirs = _children(fs, path)[0]
+    return join(path, min(dirs)) if dirs else None
 
 
 def _inspect(fs: ConfigFS) -> dict[str, frozenset[str] | None]:
+    """Attribute file names of the first object of each kind (listings only: every pass
+    runs this, so it stats nothing and reads no attribute)."""
     found: dict[str, frozenset[str] | None] = dict.fromkeys(KINDS)
     host = _first_dir(fs, "hosts")
     if host:
         found["host"] = _file_names(fs, host)
-    for e in _list(fs, "subsystems"):
-        sub = join("subsystems", e.name)
+    for name in sorted(_children(fs, "subsystems")[0]):
+        sub = join("subsystems", name)
         found["subsystem"] = found["subsystem"] or _file_names(fs, sub)
         ns = _first_dir(fs, join(sub, "namespaces"))
         if ns:
             found["namespace"] = _file_names(fs, ns)
             break
-    for e in _list(fs, "ports"):
-        port = join("ports", e.name)
-        found["port"] = found["port"] or _file_names(fs, port)
-        grp = _first_dir(fs, join(port, "ana_groups")) if fs.exists(join(port, "ana_groups")) \
-            else None
+    for name in sorted(_children(fs, "ports")[0]):
+        port = join("ports", name)
+        dirs, _, files = _children(fs, port)
+        found["port"] = found["port"] or frozenset(files)
+        grp = _first_dir(fs, join(port, "ana_groups")) if "ana_groups" in dirs else None
         if grp:
             found["ana_group"] = found["ana_group"] or _file_names(fs, grp)
-        ref = _first_dir(fs, join(port, "referrals")) if fs.exists(join(port, "referrals")) \
-            else None
+        ref = _first_dir(fs, join(port, "referrals")) if "referrals" in dirs else None
         if ref:
             found["referral"] = _file_names(fs, ref)
     return found

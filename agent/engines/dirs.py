@@ -135,14 +135,22 @@ def engine_capacities(pool_bytes: int, engines: Sequence[EngineConfig]) -> dict[
     return {e.kind: caps[e.kind] for e in engines}
 
 
-def usage(directory: str) -> int:
+def usage(directory: str, limit: int | None = None) -> int:
     """Bytes allocated on disk under ``directory`` (st_blocks; one filesystem; no symlinks).
 
-    Files that vanish while walking (engines evict concurrently) are skipped.
-    Unlinked-but-open files (Dynamo KVBM's cache file) are not visible here.
+    ``limit``: stat at most that many entries (a bounded sample: the result is then a
+    lower bound; see :func:`usage_sample`). Files that vanish while walking (engines
+    evict concurrently) are skipped. Unlinked-but-open files (Dynamo KVBM's cache file)
+    are not visible here.
     """
+    return usage_sample(directory, limit)[0]
+
+
+def usage_sample(directory: str, limit: int | None = None) -> tuple[int, int, bool]:
+    """(bytes, entries stat-ed, complete) under ``directory``, stopping after ``limit``
+    entries: the cost of a health collect stays bounded whatever an engine stores."""
     root_dev = os.lstat(directory).st_dev
-    total = 0
+    total = seen = 0
     stack = [directory]
     while stack:
         current = stack.pop()
@@ -151,6 +159,9 @@ def usage(directory: str) -> int:
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in entries:
+            if limit is not None and seen >= limit:
+                return total, seen, False
+            seen += 1
             try:
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
@@ -160,4 +171,4 @@ def usage(directory: str) -> int:
             total += st.st_blocks * 512
             if stat.S_ISDIR(st.st_mode):
                 stack.append(entry.path)
-    return total
+    return total, seen, True

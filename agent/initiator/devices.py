@@ -137,11 +137,12 @@ def wait_for_namespaces(sysfs: Sysfs, subsysnqn: str, nsids: Sequence[int], *,
     deadline = clock() + timeout
     with waiter or UdevWaiter() as w:
         while True:
+            heads = sysfs.subsystem_namespaces(subsysnqn) if len(found) < len(wanted) else {}
             for nsid in wanted:
-                if nsid not in found:
-                    dev = find_namespace(sysfs, subsysnqn, nsid)
-                    if dev is not None:
-                        found[nsid] = dev
+                head = heads.get(nsid)
+                if nsid not in found and head is not None and head.uuid:
+                    found[nsid] = NamespaceDevice.from_head(subsysnqn, nsid, head.uuid.lower(),
+                                                            head)
             if len(found) == len(wanted):
                 break
             progress.checkpoint()  # SIGTERM: stop waiting

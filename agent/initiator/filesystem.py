@@ -115,13 +115,16 @@ def ensure_filesystem(device: str, fs_uuid: str, label: str, runner: Runner, *,
     """Make sure ``device`` holds this host's finished xfs; True when one was made now.
 
     Blank → mkfs.xfs with the deterministic uuid. A finished xfs with that uuid →
-    accepted. An xfs with that uuid that mkfs never finished (killed, power cut:
-    ``sb_inprogress`` still set) is this host's own unfinished work → made again
+    accepted (read from its superblock, with no blkid process). An xfs with that uuid
+    that mkfs never finished (killed, power cut: ``sb_inprogress`` still set) is this
+    host's own unfinished work → made again
     (``-f``: the uuid proves it is ours). Anything else → :class:`ForeignFilesystem`
     (the device is left untouched).
     """
-    content = probe_content(device, runner, exists=exists)
     sb = superblock(device)
+    if sb is not None and not sb.inprogress and sb.uuid.lower() == fs_uuid.lower():
+        return False  # this host's finished xfs: nothing to probe (no blkid on a converged pass)
+    content = probe_content(device, runner, exists=exists)
     unfinished = sb is not None and sb.inprogress and sb.uuid.lower() == fs_uuid.lower()
     if not unfinished and not needs_filesystem(content, fs_uuid):
         return False

@@ -337,7 +337,7 @@ class InitiatorPass:
         devices: list[NamespaceDevice] = []
         for nqn, controllers in connected.items():
             ctrl = self._live_controller(nqn, controllers, wait)
-            nsids = self.cli.list_ns(ctrl.name)
+            nsids = self._known_nsids(nqn, old) or self.cli.list_ns(ctrl.name)
             if not nsids:
                 raise KvagentError(f"{nqn} has no namespaces for this host",
                                    "check the pool on the storage host (kvagent status there)")
@@ -360,6 +360,22 @@ class InitiatorPass:
             self._drop_stale(pool.name, old, record)
         record.complete = True
         return mounted
+
+    def _known_nsids(self, nqn: str, old: PoolAttachment | None) -> list[int]:
+        """The namespaces of ``nqn`` from sysfs, when sysfs already answers: the pool was
+        attached in full before and every namespace recorded then still has its block
+        device with the same identity (``[]`` otherwise: ``nvme list-ns`` asks the
+        controller). Namespaces the kernel added since are included."""
+        if old is None or not old.complete:
+            return []
+        recorded = {d.nsid: d.uuid.lower() for d in old.devices if d.subsysnqn == nqn}
+        if not recorded:
+            return []
+        heads = self.sysfs.subsystem_namespaces(nqn)
+        if any((heads[n].uuid or "").lower() != u if n in heads else True
+               for n, u in recorded.items()):
+            return []
+        return sorted(heads)
 
     def _live_controller(self, nqn: str, controllers: list[Controller],
                          wait: float) -> Controller:

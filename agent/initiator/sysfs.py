@@ -263,8 +263,14 @@ class Sysfs:
         return [s for s in (self.subsystem(n) for n in names) if s]
 
     # -- namespaces -----------------------------------------------------------
-    def namespace(self, name: str) -> NamespaceHead | None:
-        """The namespace block device ``name`` (``nvme2n1``) with its paths, or None."""
+    def namespace(self, name: str,
+                  block: dict[str, list[str]] | None = None) -> NamespaceHead | None:
+        """The namespace block device ``name`` (``nvme2n1``) with its paths, or None.
+
+        ``block``: the hidden path nodes of ``<sysfs>/block`` by head
+        (:meth:`path_nodes`; listed here if not given: a caller looking at many heads
+        lists them once).
+        """
         d = self.root / "block" / name
         if not _HEAD_RE.match(name):
             return None
@@ -277,7 +283,7 @@ class Sysfs:
         subsysnqn = None
         if subsystem:
             subsysnqn = read_attr(self.root / "class/nvme-subsystem" / subsystem / "subsysnqn")
-            paths = self._paths_of(name)
+            paths = self._paths_of(name, block)
         else:
             # No native multipath: the block device hangs off its controller directly.
             ctrl = parent if parent and _CTRL_RE.match(parent) else None
@@ -293,15 +299,22 @@ class Sysfs:
             subsystem=subsystem, subsysnqn=subsysnqn, paths=paths,
         )
 
-    def _paths_of(self, head: str) -> tuple[NamespacePath, ...]:
-        m = _HEAD_RE.match(head)
-        assert m
-        inst, nsid = m.groups()
-        found = []
+    def path_nodes(self) -> dict[str, list[str]]:
+        """The hidden per-path nodes in ``<sysfs>/block`` (``nvme2c3n1``), by the head
+        they serve (``nvme2n1``): one listing for any number of heads."""
+        out: dict[str, list[str]] = {}
         for entry in _listdir(self.root / "block"):
             pm = _PATH_RE.match(entry)
-            if not pm or pm.group(1) != inst or pm.group(3) != nsid:
-                continue
+            if pm:
+                out.setdefault(f"nvme{pm.group(1)}n{pm.group(3)}", []).append(entry)
+        return out
+
+    def _paths_of(self, head: str,
+                  block: dict[str, list[str]] | None = None) -> tuple[NamespacePath, ...]:
+        found = []
+        for entry in (self.path_nodes() if block is None else block).get(head, ()):
+            pm = _PATH_RE.match(entry)
+            assert pm
             d = self.root / "block" / entry
             ctrl = _link_name(d / "device") or f"nvme{pm.group(2)}"
             ana_state = read_attr(d / "ana_state")
@@ -319,7 +332,34 @@ class Sysfs:
 
     def namespaces(self) -> list[NamespaceHead]:
         """Every namespace block device (multipath heads; hidden path nodes are folded in)."""
-        return [h for h in (self.namespace(n) for n in self.namespace_names()) if h]
+        names, block = self.namespace_names(), self.path_nodes()
+        return [h for h in (self.namespace(n, block) for n in names) if h]
+
+    def subsystem_namespaces(self, subsysnqn: str) -> dict[int, NamespaceHead]:
+        """The namespaces of subsystem ``subsysnqn`` on this host, by nsid.
+
+        Looks only at that subsystem: its ``nvme-subsys`` directory (multipath heads) and
+        its controllers' directories (heads without native multipath); ``<sysfs>/block``
+        is listed once for the paths. No walk of every block device.
+        """
+        out: dict[int, NamespaceHead] = {}
+        block: dict[str, list[str]] | None = None
+        root = self.root / "class/nvme-subsystem"
+        for sub in _listdir(root):
+            if not _SUBSYS_RE.match(sub) or read_attr(root / sub / "subsysnqn") != subsysnqn:
+                continue
+            entries = _listdir(root / sub)
+            heads = [e for e in entries if _HEAD_RE.match(e)]
+            for ctrl in (e for e in entries if _CTRL_RE.match(e)):
+                heads += [e for e in _listdir(self.root / "class/nvme" / ctrl)
+                          if _HEAD_RE.match(e)]
+            if heads and block is None:
+                block = self.path_nodes()
+            for name in heads:
+                head = self.namespace(name, block)
+                if head is not None and head.nsid is not None and head.subsysnqn == subsysnqn:
+                    out.setdefault(head.nsid, head)
+        return out
 
     def namespace_by_nsid(self, subsysnqn: str, nsid: int) -> NamespaceHead | None:
         """The namespace ``nsid`` of subsystem ``subsysnqn`` on this host, or None."""

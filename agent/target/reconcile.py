@@ -51,6 +51,30 @@ log = get_logger("target")
 Key = tuple[str | None, int]
 
 
+#: What the records need after an apply: names, links and which namespaces are enabled.
+OUTCOME_SPEC = nvmet.ReadSpec(namespaces=frozenset({"enable"}))
+_TEMPLATE_ID = "00000000-0000-4000-8000-000000000000"
+_TEMPLATE_NQN = "nqn.2014-08.invalid.kvagent:read-spec"
+
+
+def base_spec(cfg: Config, feats: nvmet.Features | None) -> nvmet.ReadSpec:
+    """The files the pass reads before it builds its desired tree.
+
+    What the pass itself needs of every live namespace (its device and identity, for
+    the refusals), plus what kvagent's desired tree mentions for this config: the
+    attributes :func:`~agent.target.export.export_pool` and
+    :func:`~agent.target.export.desired_port` set. Whatever the desired tree then
+    mentions beyond these is read with :func:`nvmet.read_more` before planning, so a
+    wrong guess costs reads, never a missed drift.
+    """
+    template_ns = Namespace(nsid=1, device_path="/", device_uuid=_TEMPLATE_ID,
+                            device_nguid=_TEMPLATE_ID, enable=True, buffered_io=False)
+    sub = Subsystem(nqn=_TEMPLATE_NQN, attrs={"allow_any_host": False},
+                    namespaces=[template_ns])
+    ports = [desired_port(pc, ()) for pc in cfg.target.ports] if cfg.target else []
+    return nvmet.read_spec(Tree(subsystems=[sub], ports=ports), feats)
+
+
 def nvmet_fs(cfg: Config) -> nvmet.RealConfigFS:
     """The real configfs seam under the configured mount point."""
     return failpoints.wrap_configfs(nvmet.RealConfigFS(os.path.join(cfg.node.configfs, "nvmet")))
@@ -106,8 +130,17 @@ class TargetPass:
         self.state_dir = Path(cfg.node.state_dir)
         self.prefix = f"{cfg.node.nqn_prefix}:{cfg.node.name}"
         self.rebind = frozenset(rebind)
+        self._realpaths: dict[str, str] = {}
 
     # ------------------------------------------------------------------ helpers
+    def _real(self, path: str) -> str:
+        """``os.path.realpath``, once per path in this pass (the pass resolves every live
+        namespace's device twice; a new pass resolves them again)."""
+        real = self._realpaths.get(path)
+        if real is None:
+            real = self._realpaths[path] = os.path.realpath(path)
+        return real
+
     def _pool_of(self, nqn: str) -> str | None:
         parsed = parse_subsystem_nqn(self.cfg.node.nqn_prefix, nqn)
         return parsed[1] if parsed and parsed[0] == self.cfg.node.name else None
@@ -152,9 +185,11 @@ class TargetPass:
         if not self.dry_run:
             self._load_modules()
         feats: nvmet.Features | None
+        have: nvmet.ReadSpec | None
         try:
-            live = nvmet.read(self.fs)
             feats = nvmet.features(self.fs)
+            have = base_spec(cfg, feats)
+            live = nvmet.read(self.fs, spec=have)
         except NvmetUnavailable as exc:
             if not self.dry_run:
                 self.result.error("target", None, exc.message, exc.hint)
@@ -162,7 +197,7 @@ class TargetPass:
             # Planning on a host where nvmet is not loaded yet: apply loads it, then
             # everything is created from an empty tree.
             self._act(None, "modprobe", "nvmet", "the kernel target is not loaded yet")
-            live, feats = Tree(), None
+            live, feats, have = Tree(), None, None
         except NvmetError as exc:
             self.result.error("target", None, exc.message, exc.hint)
             return
@@ -190,9 +225,16 @@ class TargetPass:
                                   port_ids=records.ports | port_ids,
                                   hosts=records.hosts | set(desired.hosts))
         revalidate = self._revalidate(ctx, plans, failed, skip, desired)
+        spec = nvmet.read_spec(desired, feats)
         try:
+            if have is not None and not have.covers(spec):
+                # The desired tree mentions a file the first read left out: read just those.
+                live = nvmet.read_more(self.fs, live, have, spec)
             actions = nvmet.plan(desired, live, scope, feats, revalidate)
         except PlanError as exc:
+            self.result.error("target", None, exc.message, exc.hint)
+            return
+        except NvmetError as exc:
             self.result.error("target", None, exc.message, exc.hint)
             return
         if self.dry_run:
@@ -201,12 +243,12 @@ class TargetPass:
             return
         assert feats is not None
         self._record_intent(records, live, desired, port_ids, plans, failed, skip)
-        self._apply(actions, desired, scope, feats)
+        self._apply(actions, desired, scope, feats, spec)
         self._record_outcome(records, live, pools, failed, plans, skip)
 
     def _context(self, pools: list[TargetPool], records: TargetRecords,
                  live: Tree) -> PassContext:
-        exported = {os.path.realpath(ns.device_path): sub.nqn
+        exported = {self._real(ns.device_path): sub.nqn
                     for sub in live.subsystems.values() for ns in sub.namespaces.values()
                     if ns.device_path and ns.device_path.startswith("/dev/")}
         listed = [use for pool in pools for use in driver_for(pool).devices(pool)]
@@ -247,7 +289,7 @@ class TargetPass:
         for sub in live.subsystems.values():
             for ns in sub.namespaces.values():
                 if ns.device_path:
-                    exported[os.path.realpath(ns.device_path)] = (sub.nqn, ns.nsid)
+                    exported[self._real(ns.device_path)] = (sub.nqn, ns.nsid)
         kept: dict[str, dict[Key, Namespace | None]] = {}
         for pool in pools:
             if pool.name in failed:
@@ -266,7 +308,7 @@ class TargetPass:
     def _refusal(self, ctx: PassContext, pool: TargetPool, vol: Volume, nqn: str,
                  live_ns: Namespace | None,
                  exported: dict[str, tuple[str, int]]) -> tuple[str, str] | None:
-        where = exported.get(os.path.realpath(vol.path))
+        where = exported.get(self._real(vol.path))
         if where is not None and where != (nqn, vol.nsid):
             return (f"pool {pool.name}: namespace {vol.nsid} of {nqn} would export "
                     f"{vol.storage.describe()}, which nvmet already exports as namespace "
@@ -406,13 +448,13 @@ class TargetPass:
 
     # ------------------------------------------------------------------ apply
     def _apply(self, actions: list[Action], desired: Tree, scope: nvmet.Scope,
-               feats: nvmet.Features) -> None:
+               feats: nvmet.Features, spec: nvmet.ReadSpec) -> None:
         wait = self.cfg.target.address_wait if self.cfg.target else 0
         rounds: list[nvmet.ApplyResult] = []
 
         def one_round() -> nvmet.ApplyResult:
-            todo = actions if not rounds else nvmet.plan(desired, nvmet.read(self.fs), scope,
-                                                         feats)
+            todo = actions if not rounds else nvmet.plan(
+                desired, nvmet.read(self.fs, spec=spec), scope, feats)
             res = nvmet.apply(todo, self.fs)
             rounds.append(res)
             return res
@@ -499,7 +541,7 @@ class TargetPass:
             after = before  # nothing was written: no need to read the tree again
         else:
             try:
-                after = nvmet.read(self.fs)
+                after = nvmet.read(self.fs, spec=OUTCOME_SPEC)
             except NvmetError as exc:
                 log.warning("cannot re-read nvmet after apply; records keep the intent",
                             error=str(exc))

@@ -12,10 +12,23 @@ from pathlib import Path
 from agent.config import load_config
 from agent.reconcile import run_pass
 from agent.result import RunResult
+from agent.system.run import Runner, default_runner
 
 from . import kit
 
 KVAGENT = [sys.executable, "-m", "agent"]
+
+
+class RecordingRunner:
+    """kvagent's real runner, recording every command it runs."""
+
+    def __init__(self) -> None:
+        self.inner = default_runner()
+        self.calls: list[tuple[str, ...]] = []
+
+    def __call__(self, argv, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls.append(tuple(argv))
+        return self.inner(argv, **kwargs)
 
 
 class Lab:
@@ -31,9 +44,9 @@ class Lab:
         self.config.write_text(text)
         return self.config
 
-    def apply(self, dry_run: bool = False) -> RunResult:
+    def apply(self, dry_run: bool = False, runner: Runner | None = None) -> RunResult:
         """One in-process pass (no Python start-up: the VM is slow)."""
-        return run_pass(load_config(self.config), dry_run=dry_run)
+        return run_pass(load_config(self.config), dry_run=dry_run, runner=runner)
 
     def cli(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run([*KVAGENT, "-c", str(self.config), *args], capture_output=True,

@@ -44,7 +44,15 @@ from tests.unit.engines.test_render import (
 )
 
 from . import kit
-from .pools import Lab, StateWatcher, assert_ok, mount_tmpfs, umount_all_under, write_file
+from .pools import (
+    Lab,
+    RecordingRunner,
+    StateWatcher,
+    assert_ok,
+    mount_tmpfs,
+    umount_all_under,
+    write_file,
+)
 
 pytestmark = pytest.mark.kernel
 PREFIX = "nqn.2026-11.io.kvagent"
@@ -238,10 +246,14 @@ def test_tcp_attach_outage_reboot_detach(lab: Lab) -> None:
     check_renders(lab, "kv", mounts, KINDS)
 
     lap("checks")
-    again = lab.apply()
+    runner = RecordingRunner()
+    again = lab.apply(runner=runner)
     lap("second apply")
     assert_ok(again)
     assert again.changed is False, [a for a in again.actions if a.status == "done"]
+    # Converged: sysfs and the superblocks answer; only discovery asks the storage host
+    # (this pool names no subsystem), and nothing else runs.
+    assert [c[:2] for c in runner.calls] == [("nvme", "discover")], runner.calls
 
     # In-process (click's runner): a Python start costs tens of seconds in this VM.
     cli = CliRunner().invoke(main, ["-c", str(lab.config), "-o", "json", "engines", "render",
@@ -354,10 +366,14 @@ def test_rdma_striped_attach_and_detach(lab: Lab, rxe) -> None:
     digest = write_file(mount / "lmcache/chunk.bin", 4 * MIB)
 
     lap("checks")
-    again = lab.apply()
+    runner = RecordingRunner()
+    again = lab.apply(runner=runner)
     lap("second apply")
     assert_ok(again)
     assert again.changed is False, [a for a in again.actions if a.status == "done"]
+    # Converged: sysfs and the superblocks answer; only discovery asks the storage host
+    # (this pool names no subsystem), and nothing else runs.
+    assert [c[:2] for c in runner.calls] == [("nvme", "discover")], runner.calls
     assert kit.sha256_of(str(mount / "lmcache/chunk.bin")) == digest
 
     write_config(lab, target)

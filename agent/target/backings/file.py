@@ -289,7 +289,11 @@ class FileDriver:
                     storage = file_storage(path, "being created")
                 else:
                     uuid, nguid = entry.uuid or "", entry.nguid or ""
-                    if not path.exists():
+                    try:
+                        current = path.stat().st_size  # one stat: exists, and its size
+                    except (FileNotFoundError, NotADirectoryError):
+                        current = None
+                    if current is None:
                         plan.errors.append(
                             f"pool {pool.name}: {path} is recorded as kvagent's but is "
                             "missing; kvagent will not recreate it silently")
@@ -300,7 +304,6 @@ class FileDriver:
                             "file.record", pool.name, str(path), f"namespace identity {uuid}",
                             _recorder(directory, rel, ManifestEntry(entry.size, uuid, nguid)),
                             volume=key))
-                    current = path.stat().st_size
                     if current < size:
                         plan.steps.append(Step(
                             "file.grow", pool.name, str(path), f"{current} -> {int(size)} bytes",

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from agent.config.model import EngineConfig
 from agent.config.types import AccountName, FileMode, Percent
-from agent.engines.dirs import engine_capacities, prepare, usage
+from agent.engines.dirs import engine_capacities, prepare, usage, usage_sample
 from agent.errors import KvagentError, UsageError
 
 
@@ -188,3 +188,16 @@ def test_usage_does_not_follow_symlinks(tmp_path) -> None:
     root.mkdir()
     os.symlink(outside, root / "link")
     assert usage(str(root)) < (1 << 20)
+
+
+def test_usage_is_a_bounded_sample(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A health collect stats at most ``limit`` entries, whatever an engine stores."""
+    root = tmp_path / "lmcache"
+    (root / "sub").mkdir(parents=True)
+    for i in range(30):
+        (root / "sub" / f"f{i}").write_bytes(b"x" * 4096)
+    full, seen, complete = usage_sample(str(root))
+    assert (seen, complete) == (31, True) and full == usage(str(root)) >= 30 * 4096
+    part, seen, complete = usage_sample(str(root), limit=10)
+    assert (seen, complete) == (10, False) and 0 < part < full
+    assert usage(str(root), limit=10) == part

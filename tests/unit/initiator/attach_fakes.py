@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.config import Config, parse_config
+from agent.initiator.filesystem import XfsSuperblock
 from agent.initiator.nvmecli import NoKernelLog, NvmeCli
 from agent.initiator.probes import ProbeResult
 from agent.initiator.reconcile import HostSeams
@@ -67,7 +68,8 @@ class FakeHost:
         self.next_ctrl, self.next_minor = 2, 1
         self.vgs: dict[str, dict] = {}
         self.probed: list[str] = []
-        #: devices whose xfs superblock mkfs never finished (device -> superblock)
+        #: xfs superblocks at the start of devices (mkfs writes one; a test may leave one
+        #: that mkfs never finished)
         self.superblocks: dict = {}
         r = FakeRunner()
         r.on_call(["modprobe"], self._modprobe)
@@ -208,6 +210,7 @@ node:
             return self.ok(argv, rc=1, err=f"mkfs.xfs: {device} appears to contain a filesystem")
         uuid = self.opt(argv, "-m").removeprefix("uuid=")
         self.content[device] = {"UUID": uuid, "LABEL": self.opt(argv, "-L"), "TYPE": "xfs"}
+        self.superblocks[device] = XfsSuperblock(uuid, inprogress=False)
         return self.ok(argv)
 
     def mounts(self) -> dict[str, str]:

@@ -130,3 +130,10 @@ def test_superblock_reader(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert read_xfs_superblock(str(image)) == XfsSuperblock(UUID, False)
     image.write_bytes(b"\0" * 4096)
     assert read_xfs_superblock(str(image)) is None
+
+
+def test_own_finished_xfs_is_accepted_from_its_superblock_without_blkid() -> None:
+    """A converged pass reads the superblock (a pread) and runs no blkid."""
+    r = FakeRunner()
+    assert ensure(r, XfsSuperblock(UUID.upper(), inprogress=False)) is False
+    assert r.calls == []

@@ -117,6 +117,35 @@ def test_second_apply_takes_no_step(host: FakeHost, layout: str) -> None:
         "the converged pass rewrote initiator.json"
 
 
+def test_a_converged_pass_runs_no_command_when_sysfs_answers(host: FakeHost) -> None:
+    """Connected, mounted, nothing changed: no nvme-cli, no blkid, no mount, no modprobe
+    (the modules are loaded): controllers, namespaces and devices come from sysfs, the
+    filesystems' identity from their superblocks."""
+    for module in ("nvme_fabrics", "nvme_tcp"):
+        (host.root / "sys/module" / module).mkdir(parents=True)
+    pools = pool_yaml(host, subsystem=NQN)
+    assert run(host, pools).ok
+    calls = len(host.runner.calls)
+    again = run(host, pools)
+    assert again.ok and not again.changed, again.actions
+    assert host.runner.calls[calls:] == []
+
+
+def test_list_ns_asks_the_controller_when_sysfs_lacks_a_recorded_namespace(
+        host: FakeHost) -> None:
+    pools = pool_yaml(host, subsystem=NQN)
+    assert run(host, pools).ok
+    head = host.root / "sys/block/nvme2n2"
+    target = head.resolve()
+    head.unlink()  # the kernel dropped the block device (e.g. the namespace went away)
+    calls = len(host.runner.calls)
+    result = run(host, pools)
+    assert host.runner.ran("nvme", "list-ns")[-1:] == [("nvme", "list-ns", "/dev/nvme2")]
+    assert ("nvme", "list-ns", "/dev/nvme2") in host.runner.calls[calls:]
+    assert not result.ok  # its device is missing: waited for, then reported
+    head.symlink_to(target)
+
+
 def test_converged_apply_reuses_the_recorded_probes(host: FakeHost) -> None:
     """Probing writes real data: a pass that mounted nothing new does not probe again."""
     run(host, pool_yaml(host))
@@ -389,9 +418,12 @@ def test_a_reconnecting_path_does_not_hold_up_a_live_one(host: FakeHost) -> None
     host.exports = [Export(NQN, [1, 2]), Export(NQN, [1, 2], traddr="10.0.0.2")]
     run(host, multipath_pool(host))
     host.set_state("nvme2", "connecting")
+    calls = len(host.runner.calls)
     result = run(host, multipath_pool(host))
     assert result.ok and not result.changed, result.errors
-    assert host.sleeps == [] and host.runner.ran("nvme", "list-ns")[-1][-1] == "/dev/nvme3"
+    # No wait for the reconnecting path, and nothing asked of it (sysfs answers here).
+    assert host.sleeps == []
+    assert ("nvme", "list-ns", "/dev/nvme2") not in host.runner.calls[calls:]
 
 
 def test_the_only_path_down_fails_the_pool_and_records_nothing(host: FakeHost) -> None:

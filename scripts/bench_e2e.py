@@ -1,0 +1,284 @@
+"""The whole agent at scale on one host with both roles (guest side of
+``scripts/bench-control-plane --end-to-end``).
+
+P file-backed target pools of N namespaces each (files on xfs on the emulated drive,
+shared subsystems, one NVMe/TCP port on 127.0.0.1), and on the same VM the GPU side
+attaching A of them as raw block devices (``shared: true``: connect and find the
+namespaces; no filesystem, no engines). It measures, in one VM boot:
+
+  cold        kvagent's pass (``run_pass``: storage + GPU side) from nothing
+  converged   the same pass again (median of 3): 0 configfs writes and no change,
+              asserted; wall and CPU time, and every command it ran (none expected)
+  apply cmd   ``python -m agent apply`` as a process, converged, against the
+              interpreter start with kvagent's imports (``python -m agent --version``)
+  run         ``kvagent run`` (interval 30 s): CPU over three full intervals after the
+              first pass, RSS, 200 ``/metrics`` scrapes (p50/p99), and ``kvagent status``
+              (in this process, and as a process against the interpreter start)
+
+The VM runs under software emulation (TCG): only ratios carry over.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import os
+import pstats
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+WORK = Path("/tmp/kve2e")
+PREFIX = "nqn.2026-11.io.kvagent.e2e"
+NODE = "e2e"
+LISTEN = "127.0.0.1:9809"
+INTERVAL = 30.0
+RUN_INTERVALS = 3
+AGENT = [sys.executable, "-m", "agent"]
+
+
+def pool_name(i: int) -> str:
+    return f"p{i:02d}"
+
+
+def config_text(pools: int, per: int, attach: int, hostnqn: str) -> str:
+    target = "\n".join(f"""    - name: {pool_name(i)}
+      backing: {{kind: file, directory: {WORK}/files}}
+      namespaces: {{count: {per}, size: 4MiB}}
+      ports: [lo]
+      shared: true
+      hosts: [{{name: {NODE}, nqn: "{hostnqn}"}}]""" for i in range(pools))
+    initiator = "\n".join(f"""    - name: {pool_name(i)}
+      target: {{transport: tcp, address: 127.0.0.1, subsystem: "{PREFIX}:{NODE}:{pool_name(i)}"}}
+      mount: {WORK}/mnt/{pool_name(i)}
+      shared: true""" for i in range(attach))
+    return f"""version: 1
+node: {{name: {NODE}, nqn_prefix: {PREFIX}, state_dir: {WORK}/state, run_dir: {WORK}/run}}
+target:
+  ports: [{{name: lo, id: 1, transport: tcp, address: 127.0.0.1, service: 4420}}]
+  pools:
+{target}
+initiator:
+  device_wait: 120s
+  pools:
+{initiator}
+health: {{listen: "{LISTEN}", interval: {int(INTERVAL)}s}}
+"""
+
+
+class CountingRunner:
+    """kvagent's subprocess runner, recording every command a pass runs."""
+
+    def __init__(self) -> None:
+        from agent.system.run import default_runner
+
+        self.inner = default_runner()
+        self.calls: list[tuple[str, ...]] = []
+
+    def __call__(self, argv: Any, **kwargs: Any) -> Any:
+        self.calls.append(tuple(argv))
+        return self.inner(argv, **kwargs)
+
+
+def cpu_now() -> float:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed_process(argv: list[str]) -> tuple[float, float, int]:
+    """(wall s, CPU s of the process, exit code)."""
+    t0 = time.perf_counter()
+    pid = os.posix_spawn(argv[0], argv, dict(os.environ, PYTHONDONTWRITEBYTECODE="1"),
+                         file_actions=[(os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0)])
+    _, status, usage = os.wait4(pid, 0)
+    return (time.perf_counter() - t0, usage.ru_utime + usage.ru_stime,
+            os.waitstatus_to_exitcode(status))
+
+
+def run(pools: int, per: int, attach: int, out: Path, drive: str) -> tuple[dict, str]:
+    from agent.config import parse_config
+    from agent.log import configure_logging
+    from agent.reconcile import run_pass
+
+    configure_logging(0)
+    print(f"[{time.strftime('%X')}] end to end: {pools}x{per}, {attach} attached", flush=True)
+    for mod in ("nvmet", "nvmet-tcp", "nvme-tcp", "nvme-fabrics"):
+        subprocess.run(["modprobe", mod], check=True, timeout=120)
+    WORK.mkdir(parents=True, exist_ok=True)
+    (WORK / "files").mkdir(exist_ok=True)
+    subprocess.run(["mkfs.xfs", "-q", "-f", drive], check=True, timeout=300)
+    subprocess.run(["mount", drive, str(WORK / "files")], check=True, timeout=120)
+    hostnqn = Path("/etc/nvme/hostnqn").read_text().strip()
+    path = WORK / "kvagent.yaml"
+    path.write_text(config_text(pools, per, attach, hostnqn))
+    cfg = parse_config(path.read_text(), str(path))
+    row: dict[str, Any] = {"pools": pools, "namespaces_per_pool": per,
+                           "namespaces": pools * per, "attached_pools": attach,
+                           "attached_namespaces": attach * per}
+
+    def one_pass(runner: CountingRunner | None = None) -> tuple[float, float, Any]:
+        c0, t0 = cpu_now(), time.perf_counter()
+        res = run_pass(cfg, dry_run=False, runner=runner)
+        return time.perf_counter() - t0, cpu_now() - c0, res
+
+    print(f"[{time.strftime('%X')}] cold pass", flush=True)
+    wall, cpu, res = one_pass()
+    if not res.ok:
+        raise SystemExit(f"cold apply failed: {res.errors[:3]}")
+    row["cold"] = {"wall_s": wall, "cpu_s": cpu, "configfs_writes": res.configfs_writes}
+    print(f"cold: {wall:.1f} s, CPU {cpu:.1f} s, {res.configfs_writes} writes", flush=True)
+    attached = sum(1 for p in Path("/sys/block").iterdir()
+                   if p.name.startswith("nvme") and "c" not in p.name[4:])
+    row["gpu_block_devices"] = attached
+    walls, cpus, commands = [], [], []
+    for _ in range(3):
+        runner = CountingRunner()
+        wall, cpu, res = one_pass(runner)
+        if not res.ok or res.changed or res.configfs_writes:
+            raise SystemExit(f"converged pass changed something: {res.errors[:3]} "
+                             f"{[a for a in res.actions][:5]}")
+        walls.append(wall)
+        cpus.append(cpu)
+        commands.append(runner.calls)
+    row["converged"] = {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus),
+                        "walls": walls, "commands": [list(map(list, c)) for c in commands]}
+    print(f"converged: {walls} s, CPU {cpus}, commands {commands[-1][:5]}", flush=True)
+    prof = cProfile.Profile()
+    prof.enable()
+    one_pass()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(30)
+    (out / "profile-e2e-converged.txt").write_text(buf.getvalue())
+
+    # The whole command, as an operator runs it: interpreter start and imports included.
+    base = [timed_process([*AGENT, "--version"])]
+    cmd = [timed_process([*AGENT, "-c", str(path), "apply"])]
+    if any(rc != 0 for _, _, rc in cmd):
+        raise SystemExit(f"kvagent apply exited {[rc for _, _, rc in cmd]}")
+    row["apply_command"] = {"wall_s": min(w for w, _, _ in cmd), "cpu_s": min(c for _, c, _ in cmd),
+                            "interpreter_wall_s": min(w for w, _, _ in base),
+                            "interpreter_cpu_s": min(c for _, c, _ in base)}
+    print(f"apply command: {row['apply_command']}", flush=True)
+
+    print(f"[{time.strftime('%X')}] kvagent run", flush=True)
+    row["run"] = agent_run(path)
+    text = report(row)
+    return row, text
+
+
+def get(path: str, timeout: float = 10) -> int:
+    try:
+        with urllib.request.urlopen(f"http://{LISTEN}{path}", timeout=timeout) as r:
+            r.read()
+            return r.status
+    except OSError:
+        return 0
+
+
+def agent_run(path: Path) -> dict[str, Any]:
+    from click.testing import CliRunner
+
+    from agent.cli.main import main
+
+    log = open(WORK / "agent.log", "w")  # noqa: SIM115
+    agent = subprocess.Popen([*AGENT, "-c", str(path), "run"], stdout=log,
+                             stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600
+        while get("/readyz") != 200:
+            if time.monotonic() > deadline or agent.poll() is not None:
+                print((WORK / "agent.log").read_text()[-3000:])
+                raise SystemExit("the agent did not become ready")
+            time.sleep(1)
+        ticks = os.sysconf("SC_CLK_TCK")
+
+        def cpu() -> float:
+            fields = Path(f"/proc/{agent.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / ticks
+
+        def rss_kib() -> int:
+            for line in Path(f"/proc/{agent.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+            return 0
+
+        cpu0, t0, rss = cpu(), time.monotonic(), []
+        while time.monotonic() - t0 < RUN_INTERVALS * INTERVAL:
+            rss.append(rss_kib())
+            time.sleep(1)
+        used, elapsed = cpu() - cpu0, time.monotonic() - t0
+        scrapes = []
+        for _ in range(200):
+            s = time.perf_counter()
+            if get("/metrics") != 200:
+                raise SystemExit("/metrics did not answer 200")
+            scrapes.append((time.perf_counter() - s) * 1000)
+        scrapes.sort()
+        inproc = []
+        for _ in range(3):
+            s = time.perf_counter()
+            res = CliRunner().invoke(main, ["-c", str(path), "status"])
+            inproc.append(time.perf_counter() - s)
+            if res.exit_code not in (0, 1):
+                raise SystemExit(f"kvagent status exited {res.exit_code}: {res.output[-500:]}")
+        proc = [timed_process([*AGENT, "-c", str(path), "status"])]
+        return {"interval_s": INTERVAL, "seconds": elapsed, "cpu_s": used,
+                "cpu_s_per_interval": used * INTERVAL / elapsed,
+                "cpu_percent_of_one_core": 100 * used / elapsed,
+                "rss_mib": {"median": statistics.median(rss) / 1024, "max": max(rss) / 1024},
+                "scrape_ms": {"p50": scrapes[len(scrapes) // 2],
+                              "p99": scrapes[int(len(scrapes) * .99)]},
+                "status_inprocess_s": min(inproc),
+                "status_command_s": min(w for w, _, _ in proc)}
+    finally:
+        agent.terminate()
+        try:
+            agent.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+        log.close()
+
+
+def report(row: dict[str, Any]) -> str:
+    c, v, a, r = row["cold"], row["converged"], row["apply_command"], row["run"]
+    cmds = v["commands"][-1]
+    lines = [
+        f"end to end: {row['pools']} pools x {row['namespaces_per_pool']} namespaces "
+        f"({row['namespaces']}), storage and GPU side on one VM; the GPU side attaches "
+        f"{row['attached_pools']} pools ({row['attached_namespaces']} namespaces, raw block; "
+        f"{row['gpu_block_devices']} NVMe block devices seen)",
+        f"  cold pass (storage + GPU side): {c['wall_s']:.2f} s, CPU {c['cpu_s']:.2f} s, "
+        f"{c['configfs_writes']} configfs writes",
+        f"  converged pass: {v['wall_s']:.2f} s (runs {', '.join(f'{w:.2f}' for w in v['walls'])}),"
+        f" CPU {v['cpu_s']:.2f} s, 0 configfs writes; converged/cold "
+        f"{v['wall_s'] / c['wall_s']:.3f}; commands run: {len(cmds)}"
+        + (f" ({', '.join(' '.join(x[:2]) for x in cmds[:6])})" if cmds else ""),
+        f"  `kvagent apply` as a process, converged: {a['wall_s']:.2f} s wall, CPU "
+        f"{a['cpu_s']:.2f} s; of which the interpreter start with kvagent's imports "
+        f"(`python -m agent --version`) {a['interpreter_wall_s']:.2f} s wall, CPU "
+        f"{a['interpreter_cpu_s']:.2f} s",
+        f"  `kvagent run` (interval {r['interval_s']:.0f} s, {r['seconds']:.0f} s measured): "
+        f"CPU {r['cpu_s_per_interval']:.2f} s per interval = "
+        f"{r['cpu_percent_of_one_core']:.2f} % of one core (goal <= 2 %); RSS median "
+        f"{r['rss_mib']['median']:.1f} MiB, max {r['rss_mib']['max']:.1f} MiB (goal <= 60)",
+        f"  /metrics over 200 scrapes: p50 {r['scrape_ms']['p50']:.1f} ms, p99 "
+        f"{r['scrape_ms']['p99']:.1f} ms (goal <= 20)",
+        f"  `kvagent status`: {r['status_inprocess_s']:.2f} s in process (goal <= 1 s); "
+        f"{r['status_command_s']:.2f} s as a process (interpreter start included)",
+    ]
+    return "\n".join(lines)
+
+
+def parse(text: str) -> tuple[int, int, int]:
+    """``"64x16:64"`` -> (64 pools, 16 namespaces each, 64 attached); attached defaults to
+    every pool."""
+    shape, _, attach = text.partition(":")
+    pools, _, per = shape.partition("x")
+    return int(pools), int(per), int(attach or pools)

@@ -137,9 +137,11 @@ class KernelTier:
         lines.append(f"[kernel tier] group {group!r}: {proc.stdout.strip()}")
         if log.exists():
             # Lines a kernel test marks for the CI log (e.g. the Ansible recaps).
-            for line in log.read_text(errors="replace").splitlines():
-                if line.startswith("KVAGENT-CI-LOG: "):
-                    lines.append(f"[kernel tier] {line[len('KVAGENT-CI-LOG: '):]}")
+            # (Each once: a test may also send them to the console as they happen.)
+            marked = [line for line in log.read_text(errors="replace").splitlines()
+                      if line.startswith("KVAGENT-CI-LOG: ")]
+            lines += [f"[kernel tier] {line[len('KVAGENT-CI-LOG: '):]}"
+                      for line in dict.fromkeys(marked)]
         if report.exists():
             self.results[group] = json.loads(report.read_text())
         else:

@@ -26,10 +26,11 @@ from . import kit
 from .crash import Outcome, child_pass, ci_log
 from .pools import DRIVES, MIB, Lab, mount_tmpfs, umount_all_under, write_file
 
-#: Three cases, three VMs (they run in parallel with the rest of the kernel tier).
+#: Three cases, three VMs (they run in parallel with the rest of the kernel tier). The
+#: GPU-side and teardown cases are ``long`` (tens of minutes each under TCG: every kill
+#: reconnects, re-makes and remounts); scripts/test runs them with KVAGENT_LONG=1.
 STORAGE = pytest.mark.kernel(group="crash-storage", weight=10)
-GPU = pytest.mark.kernel(group="crash-gpu", weight=10)
-TEARDOWN = pytest.mark.kernel(group="crash-teardown", weight=10)
+
 
 PREFIX = "nqn.2026-11.io.kvagent"
 FOREIGN_NQN = "nqn.2014-08.org.example:foreign"
@@ -299,7 +300,8 @@ def test_kill_after_every_step_of_a_cold_apply_storage_side(lab: Lab, nullb) -> 
         ci_log(f"crash matrix size: storage cold apply {n} kills")
 
 
-@GPU
+@pytest.mark.kernel(group="crash-gpu", weight=10)
+@pytest.mark.long
 def test_kill_after_every_step_of_a_cold_attach_gpu_side(lab: Lab, nullb) -> None:  # type: ignore[no-untyped-def]
     with foreign_objects(lab, nullb) as foreign:
         storage_only = config(lab, gpu=False)
@@ -317,7 +319,8 @@ def test_kill_after_every_step_of_a_cold_attach_gpu_side(lab: Lab, nullb) -> Non
         ci_log(f"crash matrix size: gpu cold attach {n} kills")
 
 
-@TEARDOWN
+@pytest.mark.kernel(group="crash-teardown", weight=10)
+@pytest.mark.long
 def test_kill_after_every_step_of_a_teardown(lab: Lab, nullb) -> None:  # type: ignore[no-untyped-def]
     with foreign_objects(lab, nullb) as foreign:
         full = config(lab)

@@ -9,7 +9,6 @@ exactly as a kill -9 or an OOM kill would leave it.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -65,12 +64,5 @@ def child_pass(config: Config, spec: str = "") -> Outcome:
 
 
 def ci_log(line: str) -> None:
-    """A line the kernel-tier plugin copies into the CI log.
-
-    In the VM it also goes to the console at once (pytest holds captured output until
-    the test ends): a matrix that runs out of time still shows how far it got.
-    """
+    """A line the kernel-tier plugin copies into the CI log."""
     print(f"KVAGENT-CI-LOG: {line}", flush=True)
-    if os.environ.get("KVAGENT_IN_VM") == "1":
-        with contextlib.suppress(OSError), open("/dev/console", "w") as console:
-            console.write(f"KVAGENT-CI-LOG: {line}\n")

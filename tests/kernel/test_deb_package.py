@@ -20,11 +20,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -36,6 +33,7 @@ from tests import metricnames
 
 from . import kit
 from .pools import DRIVES, KVAGENT, fabrics_controllers, umount_all_under, write_file
+from .test_daemon import free_port, get
 
 pytestmark = pytest.mark.kernel(group="install")
 
@@ -99,22 +97,6 @@ def package():
     if subprocess.run(["dpkg", "-s", "kvagent"], capture_output=True, check=False,
                       ).returncode == 0:
         apt_get("purge", "kvagent")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError as exc:
-        return 0, str(exc)
 
 
 def data_path() -> dict[str, object]:

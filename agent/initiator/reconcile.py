@@ -60,7 +60,7 @@ from .mounts import (
     unmount,
 )
 from .nvmecli import ConnectError, FabricsOptions, NvmeCli
-from .striped import deactivate, dm_name, ensure_striped_volume, volume_path
+from .striped import deactivate, dm_name, ensure_striped_volume, volume_path, volume_slaves
 from .sysfs import Controller, Sysfs, read_attr
 
 log = get_logger("initiator")
@@ -75,6 +75,7 @@ class HostSeams:
     devnum: Callable[[str], str] = device_number
     exists: Callable[[str], bool] = os.path.exists
     superblock: Callable[[str], XfsSuperblock | None] = read_xfs_superblock
+    volume_slaves: Callable[[str], frozenset[str] | None] = volume_slaves
     sleep: Callable[[float], None] = progress.sleep  # ends early on SIGTERM
     clock: Callable[[], float] = time.monotonic
 
@@ -453,7 +454,8 @@ class InitiatorPass:
         if self.dry_run:
             return volume_path(pool.name)
         path, created = ensure_striped_volume(pool.name, [d.device for d in devices],
-                                              self.runner, exists=self.seams.exists)
+                                              self.runner, exists=self.seams.exists,
+                                              slaves=self.seams.volume_slaves)
         if created:
             self._act(pool.name, "lvm.striped", path, f"{len(devices)} stripes")
         return path

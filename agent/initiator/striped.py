@@ -46,6 +46,18 @@ class PhysicalVolume:
     vg_tags: frozenset[str]
 
 
+def volume_slaves(pool: str) -> frozenset[str] | None:
+    """Block devices under the pool's active volume (sysfs ``slaves``); None if not active."""
+    path = volume_path(pool)
+    if not os.path.exists(path):
+        return None
+    dm = os.path.basename(os.path.realpath(path))
+    try:
+        return frozenset(os.listdir(f"/sys/block/{dm}/slaves"))
+    except OSError:
+        return None
+
+
 def list_pvs(runner: Runner, devices: list[str]) -> dict[str, PhysicalVolume]:
     """PV facts for the given devices (those that are PVs)."""
     result = runner(["pvs", "--reportformat", "json", "-o", "pv_name,vg_name,vg_tags",
@@ -63,13 +75,18 @@ def list_pvs(runner: Runner, devices: list[str]) -> dict[str, PhysicalVolume]:
 
 
 def ensure_striped_volume(pool: str, devices: list[str], runner: Runner, *,
-                          exists: Callable[[str], bool] = os.path.exists) -> tuple[str, bool]:
+                          exists: Callable[[str], bool] = os.path.exists,
+                          slaves: Callable[[str], frozenset[str] | None] = volume_slaves,
+                          ) -> tuple[str, bool]:
     """Create or activate the pool's striped LV; returns (device path, created now).
 
     Each device must be blank or already a PV of this pool's tagged VG. A tagged VG
     without its LV (an attach interrupted between vgcreate and lvcreate) gets the LV.
+    The volume active over exactly these devices (a converged pass) runs no command.
     """
     vg = vg_name(pool)
+    if slaves(pool) == frozenset(os.path.basename(os.path.realpath(d)) for d in devices):
+        return volume_path(pool), False
     pvs = list_pvs(runner, devices)
     blank, ours = [], []
     for dev in devices:

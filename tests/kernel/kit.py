@@ -219,8 +219,14 @@ def force_clean() -> None:
         dev, mnt = line.split()[:2]
         if dev.startswith(("/dev/nvme", "/dev/mapper", "/dev/nullb", "/dev/dm-")):
             sh("umount", mnt, check=False)
-    sh("nvme", "disconnect-all", check=False)
+    # Volumes on fabrics namespaces go before their controllers: a disconnect first
+    # would leave the device-mapper tables with no devices under them for good.
     sh("vgchange", "-an", check=False, timeout=120)
+    sh("nvme", "disconnect-all", check=False)
+    mapper = Path("/dev/mapper")
+    for dm in (mapper.iterdir() if mapper.exists() else ()):
+        if dm.name != "control":
+            sh("dmsetup", "remove", "--force", dm.name, check=False)
     if NVMET.exists():
         for port in (NVMET / "ports").iterdir():
             for link in (port / "subsystems").iterdir():

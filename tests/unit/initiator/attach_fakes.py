@@ -100,7 +100,15 @@ class FakeHost:
     def seams(self) -> HostSeams:
         return HostSeams(mountinfo=self.mountinfo, devnum=self.devnum, sleep=self._sleep,
                          clock=lambda: self.now, exists=lambda d: d in self.numbers,
-                         superblock=lambda d: self.superblocks.get(d))
+                         superblock=lambda d: self.superblocks.get(d),
+                         volume_slaves=self.volume_slaves)
+
+    def volume_slaves(self, pool: str) -> frozenset[str] | None:
+        """What sysfs lists under the pool's striped volume while it is active."""
+        vg = self.vgs.get(f"kvs_{pool}")
+        if not vg or not vg["active"] or not vg.get("lv"):
+            return None
+        return frozenset(d.rsplit("/", 1)[1] for d in vg["pvs"])
 
     def config(self, body: str) -> Config:
         text = f"""

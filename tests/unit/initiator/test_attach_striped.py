@@ -34,10 +34,13 @@ def runner(pv_rows: list[tuple[str, str, str]], rc: int = 0, blkid: str = "",
 
 
 def ensure_striped_volume(pool: str, devices: list[str], r: FakeRunner,  # type: ignore[no-untyped-def]
-                          active: bool = False):
-    """``active``: the volume's /dev/VG/LV link exists (the namespaces always do)."""
+                          active: bool = False, over: list[str] | None = None):
+    """``active``: the volume's /dev/VG/LV link exists (the namespaces always do);
+    ``over``: the devices sysfs lists under the active volume (none: not active)."""
+    under = None if over is None else frozenset(d.rsplit("/", 1)[1] for d in over)
     return striped.ensure_striped_volume(
-        pool, devices, r, exists=lambda d: d in devices or (active and d == volume_path(pool)))
+        pool, devices, r, exists=lambda d: d in devices or (active and d == volume_path(pool)),
+        slaves=lambda p: under if p == pool else None)
 
 
 def test_blank_devices_become_one_tagged_striped_volume() -> None:
@@ -58,10 +61,26 @@ def test_own_volume_group_is_activated_not_recreated() -> None:
 
 
 def test_an_active_volume_is_left_as_it_is() -> None:
-    """A converged pass: the volume is active already, nothing is run that changes it."""
+    """Active, but sysfs does not show it over these devices: checked, nothing changed."""
     r = runner([(d, "kvs_kv", TAGS) for d in DEVS])
     assert ensure_striped_volume("kv", DEVS, r, active=True) == ("/dev/kvs_kv/data", False)
     assert r.ran("vgcreate") == r.ran("vgchange") == r.ran("lvcreate") == []
+    assert r.ran("pvs")
+
+
+def test_a_volume_active_over_exactly_its_devices_runs_no_command() -> None:
+    """A converged pass: sysfs shows the volume over these namespaces; no LVM command."""
+    r = runner([(d, "kvs_kv", TAGS) for d in DEVS])
+    assert ensure_striped_volume("kv", DEVS, r, active=True, over=DEVS) == (
+        "/dev/kvs_kv/data", False)
+    assert r.calls == []
+
+
+@pytest.mark.parametrize("over", [DEVS[:1], [DEVS[0], "/dev/nvme3n1"], [*DEVS, "/dev/sda"]])
+def test_a_volume_over_other_devices_is_checked_with_lvm(over: list[str]) -> None:
+    r = runner([(d, "kvs_kv", TAGS) for d in DEVS])
+    ensure_striped_volume("kv", DEVS, r, active=True, over=over)
+    assert r.ran("pvs")
 
 
 @pytest.mark.parametrize(("vg", "tags"), [

@@ -46,8 +46,9 @@ def group_of(item: pytest.Item) -> str:
 
 
 def weight_of(item: pytest.Item) -> int:
-    """How long a group's VM runs, roughly (``weight=`` on the marker): heavy ones start
-    first, so that the parallel VMs finish together."""
+    """How long a test runs, roughly (``weight=`` on the marker; 1 by default). Groups
+    start in order of their summed weights, longest first, so that the parallel VMs
+    finish together."""
     marker = item.get_closest_marker("kernel")
     return int(marker.kwargs.get("weight", 1)) if marker else 1
 
@@ -114,7 +115,7 @@ class KernelTier:
 
     def _start_all(self) -> None:
         self.pool = ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="kv-vm")
-        heavy_first = sorted(self.groups, key=lambda g: -max(weight_of(i)
+        heavy_first = sorted(self.groups, key=lambda g: -sum(weight_of(i)
                                                              for i in self.groups[g]))
         for group in heavy_first:
             self.futures[group] = self.pool.submit(self._run_group, group)

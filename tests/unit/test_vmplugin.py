@@ -42,13 +42,13 @@ def test_on_the_host():
 '''
 
 
-def boots(tmp_path: Path, *args: str) -> list[str]:
+def boots(tmp_path: Path, *args: str, tests: str = TESTS, **extra: str) -> list[str]:
     (tmp_path / "conftest.py").write_text(CONFTEST)
-    (tmp_path / "test_sample.py").write_text(TESTS)
+    (tmp_path / "test_sample.py").write_text(tests)
     record = tmp_path / "boots.txt"
     record.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVAGENT_")}
-    env.update(PYTHONPATH=str(REPO), BOOTS=str(record))
+    env.update(PYTHONPATH=str(REPO), BOOTS=str(record), **extra)
     subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.vmplugin", "-p",
                     "no:cacheprovider", "-q", "-o", "markers=kernel", *args],
                    cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
@@ -64,3 +64,30 @@ def test_deselected_kernel_groups_boot_no_vm(tmp_path: Path, selection: list[str
 def test_selected_kernel_groups_boot_their_vm(tmp_path: Path) -> None:
     """Not vacuous: the same sample with the kernel test selected boots its group."""
     assert boots(tmp_path, "-m", "kernel") == ["heavy"]
+
+
+GROUPS = '''
+import pytest
+
+
+@pytest.mark.kernel(group="short-but-heavy", weight=2)
+def test_one():
+    pass
+
+
+@pytest.mark.kernel(group="many")
+@pytest.mark.parametrize("n", range(3))
+def test_many(n):
+    pass
+
+
+@pytest.mark.kernel(group="single")
+def test_single():
+    pass
+'''
+
+
+def test_groups_boot_longest_first_by_their_summed_weights(tmp_path: Path) -> None:
+    """A group of many tests runs longer than one heavy test: it starts first."""
+    order = boots(tmp_path, "-m", "kernel", tests=GROUPS, KVAGENT_VM_PARALLEL="1")
+    assert order == ["many", "short-but-heavy", "single"]

@@ -14,11 +14,16 @@ machine instead (the real-host tier).
 
 from __future__ import annotations
 
+import contextlib
+import heapq
+import itertools
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,49 @@ GUEST_TIMEOUT = int(os.environ.get("KVAGENT_VM_TIMEOUT", "2400"))
 PARALLEL = max(1, int(os.environ.get("KVAGENT_VM_PARALLEL", "2")))
 
 
+class Slots:
+    """PARALLEL slots for VMs, handed out by weight: the kernel tier's groups and the
+    host-side tests that boot VMs themselves (``vm_slot``) share them, so that no more than
+    PARALLEL VMs run at once and a free slot goes to the heaviest request waiting (groups
+    queue their requests when the tier starts, before any host-side test asks)."""
+
+    def __init__(self, count: int):
+        self.free = count
+        self.cond = threading.Condition()
+        self.waiting: list[tuple[float, int]] = []
+        self.seq = itertools.count()
+
+    def request(self, weight: float) -> tuple[float, int]:
+        with self.cond:
+            ticket = (-weight, next(self.seq))
+            heapq.heappush(self.waiting, ticket)
+            return ticket
+
+    def wait(self, ticket: tuple[float, int]) -> None:
+        with self.cond:
+            while not (self.free > 0 and self.waiting[0] == ticket):
+                self.cond.wait()
+            heapq.heappop(self.waiting)
+            self.free -= 1
+            self.cond.notify_all()
+
+    def release(self) -> None:
+        with self.cond:
+            self.free += 1
+            self.cond.notify_all()
+
+    @contextlib.contextmanager
+    def held(self, ticket: tuple[float, int]) -> Iterator[None]:
+        self.wait(ticket)
+        try:
+            yield
+        finally:
+            self.release()
+
+
+SLOTS = Slots(PARALLEL)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--kv-guest-report", default=None,
                      help="(internal) where the guest session writes its JSON report")
@@ -45,12 +93,13 @@ def group_of(item: pytest.Item) -> str:
     return (marker.kwargs.get("group") if marker else None) or DEFAULT_GROUP
 
 
-def weight_of(item: pytest.Item) -> int:
-    """How long a test runs, roughly (``weight=`` on the marker; 1 by default). Groups
-    start in order of their summed weights, longest first, so that the parallel VMs
-    finish together."""
+def weight_of(item: pytest.Item) -> float:
+    """How long a test runs: roughly its minutes in a VM of its own under TCG (``weight=``
+    on the marker; 1 by default). Groups (and host-side tests that boot VMs, see
+    :func:`vm_slot`) get VM slots in order of their summed weights, longest first, so
+    that the parallel VMs finish together."""
     marker = item.get_closest_marker("kernel")
-    return int(marker.kwargs.get("weight", 1)) if marker else 1
+    return float(marker.kwargs.get("weight", 1)) if marker else 1.0
 
 
 # ---------------------------------------------------------------- guest side
@@ -114,13 +163,15 @@ class KernelTier:
         return self.results[group].get(item.nodeid), None
 
     def _start_all(self) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="kv-vm")
-        heavy_first = sorted(self.groups, key=lambda g: -sum(weight_of(i)
-                                                             for i in self.groups[g]))
-        for group in heavy_first:
-            self.futures[group] = self.pool.submit(self._run_group, group)
+        warm_bytecode([i.nodeid for items in self.groups.values() for i in items])
+        self.pool = ThreadPoolExecutor(max_workers=len(self.groups) or 1,
+                                       thread_name_prefix="kv-vm")
+        weights = {g: sum(weight_of(i) for i in items) for g, items in self.groups.items()}
+        for group in sorted(self.groups, key=lambda g: -weights[g]):
+            ticket = SLOTS.request(weights[group])
+            self.futures[group] = self.pool.submit(self._run_group, group, ticket)
 
-    def _run_group(self, group: str) -> list[str]:
+    def _run_group(self, group: str, ticket: tuple[float, int]) -> list[str]:
         items = self.groups[group]
         out = Path(tempfile.mkdtemp(prefix=f"kvagent-kernel-{group}-"))
         report = out / "report.json"
@@ -132,9 +183,10 @@ class KernelTier:
         argv = [sys.executable, str(REPO / "scripts/vm"), "--out", str(out), "--quiet",
                 "--log", str(log), "--timeout", str(GUEST_TIMEOUT), "--", *inner]
         lines = [f"[kernel tier] group {group!r} ({len(items)} tests); guest log: {log}"]
-        proc = subprocess.run(argv, cwd=REPO, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              check=False)
+        with SLOTS.held(ticket):
+            proc = subprocess.run(argv, cwd=REPO, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  check=False)
         lines.append(f"[kernel tier] group {group!r}: {proc.stdout.strip()}")
         if log.exists():
             # Lines a kernel test marks for the CI log (e.g. the Ansible recaps).
@@ -153,6 +205,32 @@ class KernelTier:
                 f"{tail}"
             )
         return lines
+
+
+@pytest.fixture
+def vm_slot(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Hold one of the kernel tier's VM slots while a host-side test boots VMs itself
+    (its ``vmhost(weight=...)`` marker ranks it among the groups)."""
+    marker = request.node.get_closest_marker("vmhost")
+    with SLOTS.held(SLOTS.request(float(marker.kwargs.get("weight", 1)) if marker else 1.0)):
+        yield
+
+
+def warm_bytecode(nodeids: list[str]) -> None:
+    """pytest's assertion-rewriting caches for what the guests collect, written on the host.
+
+    The guest sees this checkout read-only and cannot write them; without them every
+    guest session rewrites and compiles the test modules and the test plugins' modules
+    (hypothesis) from source, which under TCG costs minutes per group. The host session
+    does not write them when ``PYTHONDONTWRITEBYTECODE`` is set (some CI environments),
+    so a collect-only run writes them on purpose. (scripts/vm compiles the plain modules.)
+    """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    python = str(REPO / ".venv/bin/python") if (REPO / ".venv/bin/python").exists() \
+        else sys.executable
+    subprocess.run([python, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+                    *nodeids], cwd=REPO, env={**env, "KVAGENT_IN_VM": "1"},
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=False)
 
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: no VM for deselected groups

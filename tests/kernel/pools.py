@@ -116,15 +116,13 @@ def fabrics_controllers() -> list[str]:
 
 
 def write_file(path: Path, size: int) -> str:
-    """Write ``size`` random bytes to ``path`` (fsync) and return their sha256."""
-    import hashlib
-
+    """Write ``size`` random bytes to ``path`` (fsync) and return their digest."""
     data = os.urandom(size)
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    return hashlib.sha256(data).hexdigest()
+    return kit.digest(data)
 
 
 # ------------------------------------------------------------ storage-host helpers
@@ -197,28 +195,25 @@ def block_size_bytes(dev: str) -> int:
     return int(kit.read(f"/sys/block/{os.path.basename(dev)}/size")) * 512
 
 
-def sha256_buffered(path: str, offset: int, size: int) -> str:
-    """sha256 of ``size`` bytes at ``offset`` through the page cache (tmpfs has no O_DIRECT)."""
-    import hashlib
-
+def digest_buffered(path: str, offset: int, size: int) -> str:
+    """Digest of ``size`` bytes at ``offset`` through the page cache (tmpfs has no O_DIRECT)."""
     with open(path, "rb") as f:
         f.seek(offset)
         data = f.read(size)
     assert len(data) == size
-    return hashlib.sha256(data).hexdigest()
+    return kit.digest(data)
 
 
 def device_digest(dev: str, *ranges: tuple[int, int]) -> str:
-    """sha256 over byte ranges ``(offset, size)`` of a block device (the whole device if none),
+    """Digest over byte ranges ``(offset, size)`` of a block device (the whole device if none),
     read with O_DIRECT in 4 MiB chunks; a negative offset counts from the end."""
-    import hashlib
     import mmap
 
     fd = os.open(dev, os.O_RDONLY | os.O_DIRECT)
     try:
         total = os.lseek(fd, 0, os.SEEK_END)
         spans = [(o if o >= 0 else total + o, s) for o, s in ranges] or [(0, total)]
-        h = hashlib.sha256()
+        h = kit.new_digest()
         buf = mmap.mmap(-1, 4 * MIB)
         for offset, size in spans:
             done = 0

@@ -115,7 +115,7 @@ def keep(pool_mount: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     notes = json.loads(NOTES.read_text()) if NOTES.exists() else {}
-    notes[str(path)] = hashlib.sha256(data).hexdigest()
+    notes[str(path)] = hashlib.md5(data, usedforsecurity=False).hexdigest()
     NOTES.write_text(json.dumps(notes))
     os.sync()
 
@@ -123,7 +123,7 @@ def keep(pool_mount: str) -> None:
 def verify() -> None:
     notes = json.loads(NOTES.read_text()) if NOTES.exists() else {}
     for path, digest in notes.items():
-        if hashlib.sha256(Path(path).read_bytes()).hexdigest() != digest:
+        if hashlib.md5(Path(path).read_bytes(), usedforsecurity=False).hexdigest() != digest:
             sys.exit(f"{path} changed across a power cut")
     log(f"data verified: {', '.join(sorted(notes)) or 'none yet'}")
 

@@ -47,6 +47,9 @@ def test_role_twice_on_localhost_second_run_changes_nothing() -> None:
     assert list((REPO / "build/deb").glob("kvagent_*_all.deb")), \
         "no Debian package for the role to install: run scripts/setup (scripts/build-deb)"
     kit.prepare_apt()
+    # The pool's files on a filesystem nvmet exports files from (the guest's /tmp is not).
+    (ROOT / "pool").mkdir(parents=True, exist_ok=True)
+    kit.sh("mount", "-t", "tmpfs", "-o", "size=400m,mode=0700", "tmpfs", str(ROOT / "pool"))
     try:
         first = play("first run")
         assert first["changed"] > 0 and first["failed"] == 0

@@ -313,7 +313,7 @@ def test_tcp_attach_outage_reboot_detach(lab: Lab) -> None:
     assert "nvme.connect" in done and done.count("mount") == 2 and "mkfs.xfs" not in done, done
     for nsid, fs_uuid in zip((1, 2), fs_uuids, strict=True):
         assert blkid(kit.block_by_uuid(kit.exported_uuid(nqn, nsid)))["UUID"] == fs_uuid
-    assert kit.sha256_of(str(mounts[1] / "mooncake/keep.bin")) == digest
+    assert kit.digest_of(str(mounts[1] / "mooncake/keep.bin")) == digest
     assert fio_file.stat().st_size == 48 * MIB
 
     # Detach: the initiator pool leaves the config; the host is back where it started.
@@ -374,7 +374,7 @@ def test_rdma_striped_attach_and_detach(lab: Lab, rxe) -> None:
     # Converged: sysfs and the superblocks answer; only discovery asks the storage host
     # (this pool names no subsystem), and nothing else runs.
     assert [c[:2] for c in runner.calls] == [("nvme", "discover")], runner.calls
-    assert kit.sha256_of(str(mount / "lmcache/chunk.bin")) == digest
+    assert kit.digest_of(str(mount / "lmcache/chunk.bin")) == digest
 
     write_config(lab, target)
     detached = lab.apply()
@@ -405,9 +405,9 @@ def test_foreign_filesystem_and_shared_pool_are_never_formatted(lab: Lab) -> Non
     content.mkdir()
     (content / "notes.txt").write_text("not kvagent's\n")
     kit.sh("mkfs.ext4", "-q", "-F", "-d", str(content), str(backing), timeout=120)
-    ext4_sum = kit.sha256_of(str(backing))
+    ext4_sum = kit.digest_of(str(backing))
     shared_backing = lab.root / "files/sh/shared/ns1.img"
-    shared_sum = kit.sha256_of(str(shared_backing))
+    shared_sum = kit.digest_of(str(shared_backing))
 
     write_config(lab, target, initiator_pool(lab, "kv", "tcp", "127.0.0.1", engines=("vllm",))
                  + initiator_pool(lab, "sh", "tcp", "127.0.0.1"))
@@ -421,7 +421,7 @@ def test_foreign_filesystem_and_shared_pool_are_never_formatted(lab: Lab) -> Non
     assert "mkfs.xfs" not in kinds_done(refused)
     dev = kit.block_by_uuid(kit.exported_uuid(kv_nqn, 1))
     assert dev and blkid(dev)["TYPE"] == "ext4"
-    assert kit.sha256_of(str(backing)) == ext4_sum
+    assert kit.digest_of(str(backing)) == ext4_sum
 
     # kv leaves the config: the controller the failed attach made is disconnected.
     # sh as a shared pool: connected, never formatted, nothing mounted.
@@ -439,8 +439,8 @@ def test_foreign_filesystem_and_shared_pool_are_never_formatted(lab: Lab) -> Non
     write_config(lab, target)
     assert_ok(lab.apply())
     assert host_snapshot() == before
-    assert kit.sha256_of(str(backing)) == ext4_sum
-    assert kit.sha256_of(str(shared_backing)) == shared_sum
+    assert kit.digest_of(str(backing)) == ext4_sum
+    assert kit.digest_of(str(shared_backing)) == shared_sum
     write_config(lab)
     assert_ok(lab.apply())
     assert kit.nvmet_is_empty(), kit.nvmet_tree()

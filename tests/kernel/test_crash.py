@@ -13,7 +13,6 @@ objects (an nvmet subsystem and port, an LV, an ext4 filesystem) stay untouched.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import time
 from pathlib import Path
@@ -98,7 +97,7 @@ class Foreign:
         kit.sh("lvcreate", "-y", "-n", "keep", "-L", "8m", "kvforeign", timeout=120)
         kit.sh("mkfs.ext4", "-q", self.loops[1])
         self.lv_digest = self._write("/dev/kvforeign/keep")
-        self.ext4 = kit.sha256_of(self.loops[1], MIB)
+        self.ext4 = kit.digest_of(self.loops[1], MIB)
 
     @staticmethod
     def _write(dev: str) -> str:
@@ -107,7 +106,7 @@ class Foreign:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        return hashlib.sha256(data).hexdigest()
+        return kit.digest(data)
 
     def check(self) -> None:
         sub = kit.NVMET / "subsystems" / FOREIGN_NQN
@@ -115,8 +114,8 @@ class Foreign:
         assert kit.read(sub / "namespaces/1/device_path") == self.backing
         assert (kit.NVMET / "ports/9/subsystems" / FOREIGN_NQN).is_symlink()
         assert kit.read(kit.NVMET / "ports/9/addr_trsvcid") == "4429"
-        assert kit.sha256_of("/dev/kvforeign/keep", MIB) == self.lv_digest
-        assert kit.sha256_of(self.loops[1], MIB) == self.ext4
+        assert kit.digest_of("/dev/kvforeign/keep", MIB) == self.lv_digest
+        assert kit.digest_of(self.loops[1], MIB) == self.ext4
 
     def remove(self) -> None:
         sub = kit.NVMET / "subsystems" / FOREIGN_NQN
@@ -335,7 +334,7 @@ def test_kill_after_every_step_of_a_teardown(lab: Lab, nullb) -> None:  # type: 
             assert child_pass(full).exit_code == 0
             kit.write("/proc/sys/vm/drop_caches", "3")
             for f, digest in digests.items():
-                assert kit.sha256_of(str(f)) == digest, f"{f} changed"
+                assert kit.digest_of(str(f)) == digest, f"{f} changed"
 
         def nothing_left() -> None:
             assert not (lab.root / "mnt").exists() or not any(

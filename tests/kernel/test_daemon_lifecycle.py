@@ -38,8 +38,8 @@ from .pools import (
     KVAGENT,
     Lab,
     assert_ok,
+    digest_buffered,
     remove_volume_group,
-    sha256_buffered,
     umount_all_under,
 )
 from .pools import write_file as write_data
@@ -231,13 +231,13 @@ def test_watchdog_unexpected_error_sigterm_and_umount_hang(lab: Lab) -> None:
         ctrls = kit.controllers_for(nqn)
         assert ctrls and kit.read(ctrls[0] / "state") == "live", "the connection stays"
         assert os.path.ismount(mount), "the mount stays"
-        assert sha256_buffered(str(mount / "data"), 0, 1 << 20) == digest
+        assert digest_buffered(str(mount / "data"), 0, 1 << 20) == digest
         # The next pass (in this process: no failpoints) finishes what the stop cut short.
         finished = lab.apply()
         assert_ok(finished)
         lvs = kit.sh("lvs", "--noheadings", "-o", "lv_name", VG, timeout=120).stdout.split()
         assert len(lvs) == 2 and os.path.ismount(lab.root / "mnt/kv/ns2"), lvs
-        assert sha256_buffered(str(mount / "data"), 0, 1 << 20) == digest
+        assert digest_buffered(str(mount / "data"), 0, 1 << 20) == digest
 
         # (d) The GPU side alone (its own state: a copy of its record) drops the pool
         # while the storage is gone (port unlinked, ctrl_loss_tmo forever).

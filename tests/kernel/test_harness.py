@@ -50,7 +50,7 @@ def export_and_roundtrip(transport: str, address: str, device: str) -> None:
         assert kit.read(ctrl / "state") == "live"
         digest = kit.odirect_roundtrip(dev, 4 << 20, offset=1 << 20)
         # The same bytes are on the backing device, at the same offset.
-        assert kit.sha256_of_range(device, 1 << 20, 4 << 20) == digest
+        assert kit.digest_of_range(device, 1 << 20, 4 << 20) == digest
     finally:
         kit.sh("nvme", "disconnect", "-n", NQN, check=False)
         kit.wait_for(lambda: not kit.controllers_for(NQN), 30, what="controllers to go away")

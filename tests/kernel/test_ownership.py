@@ -85,8 +85,8 @@ def namespaces(nqn_: str) -> dict[int, tuple[str, str, str]]:
 
 
 def odirect_digest(path: Path) -> str:
-    """sha256 of a file read with O_DIRECT: what the storage holds, not the page cache."""
-    return kit.sha256_of_range(str(path), 0, os.path.getsize(path))
+    """Digest of a file read with O_DIRECT: what the storage holds, not the page cache."""
+    return kit.digest_of_range(str(path), 0, os.path.getsize(path))
 
 
 def clear_nvmet() -> None:

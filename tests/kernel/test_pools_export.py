@@ -30,13 +30,13 @@ from .pools import (
     assert_ok,
     block_size_bytes,
     device_digest,
+    digest_buffered,
     discovered,
     mount_tmpfs,
     namespace_device,
     nvme_connect,
     nvme_disconnect,
     remove_volume_group,
-    sha256_buffered,
     timed_apply,
     umount_all_under,
     zero,
@@ -133,7 +133,7 @@ def io_on(transport: str, address: str, lab: Lab, pools: dict[str, int]) -> dict
             dev = namespace_device(nqn(pool, "lab"), nsid)
             digest = kit.odirect_roundtrip(dev, IO)
             where = backing[pool](nsid)
-            on_backing = (sha256_buffered(where, 0, IO) if pool == "fl"
+            on_backing = (digest_buffered(where, 0, IO) if pool == "fl"
                           else device_digest(where, (0, IO)))
             assert on_backing == digest, f"{pool} ns{nsid}: bytes not on {where}"
             digests[f"{pool}/{nsid}"] = digest
@@ -212,7 +212,7 @@ def test_file_lvm_device_pools_over_tcp_and_rdma(lab: Lab) -> None:
     assert all(seen == {"live"} for seen in watch.seen.values()), watch.seen
     assert [kit.controllers_for(mine[p])[0].name for p in ("fl", "lv", "dv")] == ctrls
     for key, digest in digests.items():
-        assert kit.sha256_of_range(devices[key], 0, IO) == digest, f"{key} changed"
+        assert kit.digest_of_range(devices[key], 0, IO) == digest, f"{key} changed"
     for pool in ("fl", "lv"):
         for nsid in range(1, counts[pool] + 1):
             kit.wait_for(lambda d=devices[f"{pool}/{nsid}"]: block_size_bytes(d) == 32 * MIB,
@@ -230,7 +230,7 @@ def test_file_lvm_device_pools_over_tcp_and_rdma(lab: Lab) -> None:
     assert f"exported by nvmet subsystem {mine['dv']}" in thief.errors[0].message
     assert not thief.changed and thief.configfs_writes == 0
     assert "kvtvg2" not in kit.sh("vgs", "-o", "vg_name", "--noheadings").stdout
-    assert kit.sha256_of_range(devices["dv/1"], 0, IO) == digests["dv/1"]
+    assert kit.digest_of_range(devices["dv/1"], 0, IO) == digests["dv/1"]
     nvme_disconnect(*mine.values())
 
     # -- unexport everything: data stays; destroy deletes only what kvagent owns

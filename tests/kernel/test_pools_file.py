@@ -91,7 +91,7 @@ def test_file_pool_lifecycle_over_tcp(lab: Lab) -> None:
     assert_ok(grown)
     assert watch.seen[ctrl.name] == {"live"}, watch.seen
     assert os.path.ismount(lab.root / "mnt/kv/ns3")
-    assert kit.sha256_of(str(mounts[0] / "lmcache/chunk.bin")) == digest
+    assert kit.digest_of(str(mounts[0] / "lmcache/chunk.bin")) == digest
 
     # Detach: unmount and disconnect what kvagent attached; the export stays.
     lab.write(config(lab, count=3, initiator=False))

@@ -13,14 +13,22 @@ REPO = Path(__file__).resolve().parents[2]
 
 CONFTEST = '''
 import os
+import time
 from pathlib import Path
 
 import tests.vmplugin as plugin
 
 
-def _run_group(self, group):  # records the boot instead of booting
-    with open(os.environ["BOOTS"], "a") as f:
-        f.write(group + "\\n")
+def _run_group(self, group, ticket):  # records the boot instead of booting
+    with plugin.SLOTS.held(ticket):
+        if group == os.environ.get("HOLD_UNTIL_QUEUED"):
+            # hold the slot until every other request is queued (the host test's too)
+            deadline = time.monotonic() + 60
+            while len(plugin.SLOTS.waiting) < int(os.environ["QUEUED"]):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        with open(os.environ["BOOTS"], "a") as f:
+            f.write(group + "\\n")
     self.results[group] = {}
     return []
 
@@ -91,3 +99,35 @@ def test_groups_boot_longest_first_by_their_summed_weights(tmp_path: Path) -> No
     """A group of many tests runs longer than one heavy test: it starts first."""
     order = boots(tmp_path, "-m", "kernel", tests=GROUPS, KVAGENT_VM_PARALLEL="1")
     assert order == ["many", "short-but-heavy", "single"]
+
+
+HOST_SIDE = '''
+import os
+
+import pytest
+
+
+@pytest.mark.kernel(group="long", weight=5)
+def test_long():
+    pass
+
+
+@pytest.mark.kernel(group="short", weight=1)
+def test_short():
+    pass
+
+
+@pytest.mark.vmhost(weight=3)
+@pytest.mark.usefixtures("vm_slot")
+def test_boots_vms_itself():
+    with open(os.environ["BOOTS"], "a") as f:
+        f.write("host\\n")
+'''
+
+
+def test_host_side_vm_tests_take_a_slot_by_weight(tmp_path: Path) -> None:
+    """One slot: the host-side test (weight 3) waits for the long group (5) and goes
+    before the short one (1), so no more VMs run than there are slots."""
+    order = boots(tmp_path, "-m", "kernel or vmhost", "-o", "markers=vmhost", tests=HOST_SIDE,
+                  KVAGENT_VM_PARALLEL="1", HOLD_UNTIL_QUEUED="long", QUEUED="2")
+    assert order == ["long", "host", "short"]

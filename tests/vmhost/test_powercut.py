@@ -34,6 +34,7 @@ def boot(drives: Path, phase: str, log: Path) -> int:
     return proc.returncode
 
 
+@pytest.mark.usefixtures("vm_slot")  # one of the kernel tier's parallel VM slots
 def test_power_cuts_at_three_points(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     for phase, expected in (("1", CUT), ("2", CUT), ("3", CUT), ("4", 0)):

@@ -25,10 +25,9 @@ from . import kit
 from .crash import Outcome, child_pass, ci_log
 from .pools import DRIVES, MIB, Lab, mount_tmpfs, umount_all_under, write_file
 
-#: Three cases, three VMs (they run in parallel with the rest of the kernel tier). The
-#: storage case runs in every scripts/test (61 kills in 240 s in a VM of its own, 344 s
-#: with its boot); the GPU-side and teardown ones are ``long`` (tens of minutes each
-#: under TCG on a loaded host) and run with KVAGENT_LONG=1.
+#: Three cases, three VMs (they run in parallel with the rest of the kernel tier), all
+#: in every scripts/test: the storage side's cold apply, the GPU side's cold attach and a
+#: teardown (each 4-8 minutes in a VM of its own under TCG).
 
 
 PREFIX = "nqn.2026-11.io.kvagent"
@@ -299,8 +298,7 @@ def test_kill_after_every_step_of_a_cold_apply_storage_side(lab: Lab, nullb) -> 
         ci_log(f"crash matrix size: storage cold apply {n} kills")
 
 
-@pytest.mark.kernel(group="crash-gpu", weight=10)
-@pytest.mark.long
+@pytest.mark.kernel(group="crash-gpu", weight=8)
 def test_kill_after_every_step_of_a_cold_attach_gpu_side(lab: Lab, nullb) -> None:  # type: ignore[no-untyped-def]
     with foreign_objects(lab, nullb) as foreign:
         storage_only = config(lab, gpu=False)
@@ -318,8 +316,7 @@ def test_kill_after_every_step_of_a_cold_attach_gpu_side(lab: Lab, nullb) -> Non
         ci_log(f"crash matrix size: gpu cold attach {n} kills")
 
 
-@pytest.mark.kernel(group="crash-teardown", weight=10)
-@pytest.mark.long
+@pytest.mark.kernel(group="crash-teardown", weight=8)
 def test_kill_after_every_step_of_a_teardown(lab: Lab, nullb) -> None:  # type: ignore[no-untyped-def]
     with foreign_objects(lab, nullb) as foreign:
         full = config(lab)

@@ -273,9 +273,14 @@ def test_wait_is_bounded_and_notices_a_dead_agent(tmp_path: Path) -> None:
                                  "signal.signal(signal.SIGHUP, signal.SIG_IGN); "
                                  "print('ready', flush=True); time.sleep(60)"],
                                 stdout=subprocess.PIPE, text=True)
-    dying = subprocess.Popen(["sleep", "60"])
+    # SIGHUP's default action set explicitly: a test run under nohup passes SIG_IGN down.
+    dying = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                              "signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                              "print('ready', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
     try:
-        assert ignoring.stdout is not None and ignoring.stdout.readline() == "ready\n"
+        for proc in (ignoring, dying):
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
         config = tmp_path / "kvagent.yaml"
         config.write_text(config_text(tmp_path, free_port()))
         cfg = load_config(config)
@@ -291,8 +296,8 @@ def test_wait_is_bounded_and_notices_a_dead_agent(tmp_path: Path) -> None:
         for proc in (ignoring, dying):
             proc.kill()
             proc.wait()
-        if ignoring.stdout:
-            ignoring.stdout.close()
+            if proc.stdout:
+                proc.stdout.close()
 
 
 def test_pool_destroy_holds_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -91,19 +91,62 @@ KERNEL_6_1: dict[str, dict[str, Any]] = {
 }
 
 
-def _newer_profile() -> dict[str, dict[str, Any]]:
-    p = copy.deepcopy(KERNEL_6_1)
+def _copy(profile: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    # Not deepcopy: it would copy the sentinels (_WO...) into objects that are not them.
+    return {kind: dict(files) for kind, files in profile.items()}
+
+
+def _profile_6_12() -> dict[str, dict[str, Any]]:
+    p = _copy(KERNEL_6_1)
     p["host"] = {"dhchap_key": "", "dhchap_ctrl_key": "", "dhchap_hash": "hmac(sha256)",
                  "dhchap_dhgroup": "null"}
-    p["subsystem"].update({"attr_firmware": "6.8.0", "attr_ieee_oui": "0x000000",
-                           "attr_vendor_id": "0x0", "attr_subsys_vendor_id": "0x0"})
-    p["namespace"]["resv_enable"] = "0"
-    p["port"].update({"addr_tsas": "", "param_max_queue_size": "-1", "param_mdts": "-1"})
+    p["subsystem"].update({"attr_firmware": "6.12.117", "attr_ieee_oui": "0x000000"})
+    p["port"].update({"addr_tsas": "", "param_max_queue_size": "-1"})
     return p
 
 
-#: A newer kernel (auth, TLS, reservations) for feature-detection tests.
+#: Debian 13's 6.12 (NVME_TARGET_AUTH, TLS): checked against the capture in
+#: tests/unit/nvmet/fixtures/kernel-6.12/profile.json (and against the running kernel by
+#: the kernel tier's 6.12 group).
+KERNEL_6_12 = _profile_6_12()
+
+
+def _newer_profile() -> dict[str, dict[str, Any]]:
+    p = _copy(KERNEL_6_12)
+    p["subsystem"].update({"attr_vendor_id": "0x0", "attr_subsys_vendor_id": "0x0"})
+    p["namespace"]["resv_enable"] = "0"
+    p["port"]["param_mdts"] = "-1"
+    return p
+
+
+#: Not a real kernel: 6.12 plus attributes of later ones (reservations, vendor ids, mdts),
+#: for feature-detection tests.
 KERNEL_NEWER = _newer_profile()
+
+#: Values that differ per object (random serials and uuids) or per kernel build.
+_VARYING = {("subsystem", "attr_serial"), ("subsystem", "attr_firmware"),
+            ("namespace", "device_uuid")}
+
+
+def profile_problems(profile: Mapping[str, Mapping[str, Any]],
+                     captured: Mapping[str, Any]) -> list[str]:
+    """How a fake profile differs from a real kernel's capture (``capture_profile.py`` in
+    the kernel tier: per kind, each file's mode and value); [] when it matches."""
+    out = []
+    for kind, files in profile.items():
+        real = captured.get(kind, {})
+        for name in sorted(set(files) ^ set(real)):
+            where = "only in the fake" if name in files else "only in the kernel"
+            out.append(f"{kind}: {name} {where}")
+        for name in sorted(set(files) & set(real)):
+            value, got = files[name], real[name]["value"]
+            if value is _WO:
+                if not isinstance(got, dict):
+                    out.append(f"{kind} {name}: write-only in the fake, readable in the kernel")
+            elif (kind, name) not in _VARYING and value != got:
+                out.append(f"{kind} {name}: fake {value!r}, kernel {got!r}")
+    return out
+
 
 _DEFAULT_GROUPS = {
     "root": {"hosts": "hosts", "ports": "ports", "subsystems": "subsystems"},
@@ -620,6 +663,26 @@ class FakeConfigFS:
         self._changed = new is not None and new != node.value
         if new is not None:
             node.value = new
+
+    def _store_host(self, host: _Dir, path: str, name: str, value: str) -> str | None:
+        # As Debian 13's 6.12 does (tests/unit/nvmet/fixtures/kernel-6.12/): a secret is
+        # stored as given once it starts with DHHC-1:<number>: (nothing else is checked);
+        # an empty line (clearing) fails, dhchap_key with EIO, dhchap_ctrl_key with EINVAL.
+        line = value.split("\n", 1)[0]
+        if name in ("dhchap_key", "dhchap_ctrl_key"):
+            if not re.match(r"DHHC-1:\d+:.", line):
+                raise _err(E.EIO if name == "dhchap_key" else E.EINVAL, path)
+            return line
+        if name == "dhchap_hash":
+            if line not in ("hmac(sha256)", "hmac(sha384)", "hmac(sha512)"):
+                raise _err(E.EIO, path)
+            return line
+        if name == "dhchap_dhgroup":
+            if line not in ("null", "ffdhe2048", "ffdhe3072", "ffdhe4096", "ffdhe6144",
+                            "ffdhe8192"):
+                raise _err(E.EIO, path)
+            return line
+        return line
 
     def _store_namespace(self, ns: _Dir, path: str, name: str, value: str) -> str | None:
         enabled = ns.children["enable"].value == "1"

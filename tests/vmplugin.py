@@ -93,6 +93,19 @@ def group_of(item: pytest.Item) -> str:
     return (marker.kwargs.get("group") if marker else None) or DEFAULT_GROUP
 
 
+def kernel_of(items: list[pytest.Item]) -> str | None:
+    """The kernel image a group's VM boots: ``kernel=VERSION`` on its tests' marker (one
+    that ``scripts/fetch-kernel`` unpacked under build/kernels/), else the default."""
+    versions = {m.kwargs["kernel"] for i in items
+                if (m := i.get_closest_marker("kernel")) and m.kwargs.get("kernel")}
+    if len(versions) > 1:
+        raise pytest.UsageError(f"one group, several kernels: {sorted(versions)}")
+    if not versions:
+        return None
+    version = versions.pop()
+    return str(REPO / "build/kernels" / version / "boot" / f"vmlinuz-{version}")
+
+
 def weight_of(item: pytest.Item) -> float:
     """How long a test runs: roughly its minutes in a VM of its own under TCG (``weight=``
     on the marker; 1 by default). Groups (and host-side tests that boot VMs, see
@@ -180,9 +193,17 @@ class KernelTier:
             else sys.executable
         inner = [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA",
                  "--kv-guest-report", str(report), *[i.nodeid for i in items]]
-        argv = [sys.executable, str(REPO / "scripts/vm"), "--out", str(out), "--quiet",
-                "--log", str(log), "--timeout", str(GUEST_TIMEOUT), "--", *inner]
+        kernel = kernel_of(items)
         lines = [f"[kernel tier] group {group!r} ({len(items)} tests); guest log: {log}"]
+        if kernel is not None and not os.path.exists(kernel):
+            with SLOTS.held(ticket):  # (gives its turn back at once)
+                self.failures[group] = (
+                    f"kernel group {group!r} boots {kernel}, which is not there: run "
+                    "scripts/setup (it runs scripts/fetch-kernel)")
+            return lines
+        argv = [sys.executable, str(REPO / "scripts/vm"), "--out", str(out), "--quiet",
+                "--log", str(log), "--timeout", str(GUEST_TIMEOUT),
+                *(["--kernel", kernel] if kernel else []), "--", *inner]
         with SLOTS.held(ticket):
             proc = subprocess.run(argv, cwd=REPO, stdin=subprocess.DEVNULL,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

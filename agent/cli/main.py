@@ -105,6 +105,7 @@ COMMANDS = {
     "bench": "bench_cmd:bench",
     "config": "config_cmd:config_group",
     "engines": "engines_cmd:engines_group",
+    "keys": "keys_cmd:keys_group",
     "plan": "apply_cmd:plan",
     "pool": "pool_cmd:pool_group",
     "run": "run_cmd:run",

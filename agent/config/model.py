@@ -13,6 +13,7 @@ from typing import Literal
 
 from nvmet.nqn import NQN_MAX_BYTES
 
+from ..dhchap import secret_file_problem
 from ..naming import subsystem_nqn
 from .build import doc_field, duplicates
 from .types import (
@@ -107,12 +108,63 @@ class PortConfig:
     )
 
 
+DhchapHash = Literal["sha256", "sha384", "sha512"]
+DhchapGroup = Literal["null", "ffdhe2048", "ffdhe3072", "ffdhe4096", "ffdhe6144", "ffdhe8192"]
+
+
+def _secret_files(**paths: str | None) -> Check:
+    for name, path in paths.items():
+        problem = secret_file_problem(path) if path is not None else None
+        if problem is not None:
+            yield (name,), f"{path} {problem}"
+
+
+@dataclass(frozen=True)
+class HostAuth:
+    """DH-HMAC-CHAP for one GPU host (NVMe in-band authentication): the storage host
+    admits the host only if it proves it holds the host secret. Needs a kernel with
+    NVME_TARGET_AUTH (Debian 13's 6.12 has it; Debian 12's 6.1 does not)."""
+
+    key_file: AbsPath = doc_field(
+        "File holding the host's secret (DHHC-1, made by kvagent keys generate; owned by "
+        "root, mode 0600). The GPU host's initiator pool names a file with the same secret.")
+    ctrl_key_file: AbsPath | None = doc_field(
+        "File holding the controller's secret: bidirectional authentication (the GPU host "
+        "checks the storage host too). Default: none (the host is checked, not the target).",
+        None)
+    hash: DhchapHash = doc_field("HMAC hash of the exchange (dhchap_hash).", "sha256")
+    dhgroup: DhchapGroup = doc_field(
+        "Diffie-Hellman group of the exchange (dhchap_dhgroup); 'null': none.", "ffdhe2048")
+
+    def check(self) -> Check:
+        yield from _secret_files(key_file=self.key_file, ctrl_key_file=self.ctrl_key_file)
+
+
+@dataclass(frozen=True)
+class InitiatorAuth:
+    """DH-HMAC-CHAP secrets this GPU host presents when it connects to a pool."""
+
+    key_file: AbsPath = doc_field(
+        "File holding this host's secret (the one the storage host's pool lists for this "
+        "host's NQN; owned by root, mode 0600).")
+    ctrl_key_file: AbsPath | None = doc_field(
+        "File holding the controller's secret, to check the storage host too "
+        "(bidirectional; the storage host must have the same ctrl_key_file secret).", None)
+
+    def check(self) -> Check:
+        yield from _secret_files(key_file=self.key_file, ctrl_key_file=self.ctrl_key_file)
+
+
 @dataclass(frozen=True)
 class TargetHost:
     """A GPU host allowed to use a pool."""
 
     name: Name = doc_field("Short name of the host (part of its subsystem's NQN).")
     nqn: NQN = doc_field("The host's NQN (its /etc/nvme/hostnqn).")
+    auth: HostAuth | None = doc_field(
+        "DH-HMAC-CHAP for this host (default: none; the NQN alone admits it). A host NQN "
+        "in several pools must have the same auth in each (nvmet keeps one per host).",
+        None)
 
 
 @dataclass(frozen=True)
@@ -277,6 +329,15 @@ class TargetConfig:
                     yield ("pools", i, "ports", j), (
                         f"unknown port {ref!r} (defined ports: {', '.join(port_names) or 'none'})"
                     )
+        auths: dict[str, tuple[HostAuth | None, int, int]] = {}
+        for i, pool in enumerate(self.pools):
+            for j, host in enumerate(pool.hosts):
+                first = auths.setdefault(host.nqn, (host.auth, i, j))
+                if first[0] != host.auth:
+                    yield ("pools", i, "hosts", j, "auth"), (
+                        f"host NQN {host.nqn} has another auth in pools[{first[1]}].hosts"
+                        f"[{first[2]}]; nvmet keeps one set of secrets per host NQN: give "
+                        "it the same auth everywhere")
         seen: dict[str, str] = {}
         for i, pool in enumerate(self.pools):
             devices = ()
@@ -376,6 +437,8 @@ class InitiatorPool:
     connect: ConnectOptions = doc_field("nvme connect options.",
                                         default_factory=ConnectOptions)
     engines: tuple[EngineConfig, ...] = doc_field("Engines that use this pool.", ())
+    auth: InitiatorAuth | None = doc_field(
+        "DH-HMAC-CHAP secrets to connect with (default: none).", None)
 
     def check(self) -> Check:
         if not self.targets:

@@ -132,7 +132,8 @@ def connect(target: Target, *, cli: NvmeCli, sysfs: Sysfs, attempts: int = 5,
     if existing:
         log.debug("already connected", subsysnqn=target.subsysnqn,
                   controllers=[c.name for c in existing])
-        return ConnectResult(tuple(existing), changed=False)
+        rotated = refresh_secrets(target, existing, sysfs)
+        return ConnectResult(tuple(existing), changed=rotated)
 
     made: list[bool] = []
 
@@ -169,6 +170,25 @@ def connect(target: Target, *, cli: NvmeCli, sysfs: Sysfs, attempts: int = 5,
              traddr=target.traddr, trsvcid=target.trsvcid,
              controllers=[c.name for c in controllers])
     return ConnectResult(controllers, changed=bool(made))
+
+
+def refresh_secrets(target: Target, controllers: list[Controller], sysfs: Sysfs) -> bool:
+    """Give live controllers the target's DH-HMAC-CHAP secrets where theirs differ (a
+    rotation): the kernel re-authenticates at once, without disconnecting. True if one
+    was given. (Removing a secret needs a reconnect: the kernel keeps the one it has.)"""
+    changed = False
+    opts = target.options
+    for attr, secret in (("dhchap_secret", opts.dhchap_secret),
+                         ("dhchap_ctrl_secret", opts.dhchap_ctrl_secret)):
+        if secret is None:
+            continue
+        for ctrl in controllers:
+            if sysfs.controller_secret(ctrl.name, attr) != secret:
+                sysfs.set_controller_secret(ctrl.name, attr, secret)
+                log.info("new DH-HMAC-CHAP secret given: re-authenticating",
+                         controller=ctrl.name, subsysnqn=target.subsysnqn, attribute=attr)
+                changed = True
+    return changed
 
 
 def _other_hosts(target: Target, sysfs: Sysfs) -> list[Controller]:

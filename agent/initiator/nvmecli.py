@@ -27,7 +27,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import KvagentError
@@ -177,6 +177,9 @@ class FabricsOptions:
     queue_size: int | None = None
     host_iface: str | None = None
     host_traddr: str | None = None
+    #: DH-HMAC-CHAP secrets (DHHC-1 text); never shown (repr, logs: agent.system.run.shown).
+    dhchap_secret: str | None = field(default=None, repr=False)
+    dhchap_ctrl_secret: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_config(cls, cfg: Any) -> FabricsOptions:
@@ -205,7 +208,9 @@ class FabricsOptions:
                             ("--nr-io-queues", self.nr_io_queues),
                             ("--queue-size", self.queue_size),
                             ("--host-iface", self.host_iface),
-                            ("--host-traddr", self.host_traddr)):
+                            ("--host-traddr", self.host_traddr),
+                            ("--dhchap-secret", self.dhchap_secret),
+                            ("--dhchap-ctrl-secret", self.dhchap_ctrl_secret)):
             if value is not None:
                 out += [flag, str(value)]
         return out
@@ -530,6 +535,12 @@ def _hint(status: int | None, err: int | None) -> str:
         errno.EACCES: "run as root",
         errno.EPERM: "run as root",
         errno.EIO: "the target refused the connect; see the kernel line (dmesg)",
+        errno.EKEYREJECTED: "DH-HMAC-CHAP failed: this pool's auth.key_file must hold the "
+                            "secret the storage host has for this host NQN (its pool's "
+                            "hosts[].auth.key_file); kvagent keys show FILE prints a "
+                            "fingerprint to compare on both hosts",
+        errno.ENOKEY: "the storage host requires DH-HMAC-CHAP from this host NQN: give this "
+                      "pool auth.key_file (the secret of the storage host's hosts[].auth)",
     }.get(err or -1, "see dmesg for the kernel's reason")
 
 
@@ -628,9 +639,12 @@ class NvmeCli:
             result = self.run(argv, timeout=self.connect_timeout, check=False)
         except CommandTimeout as exc:
             self.kernel_log.since(mark)
+            hint = "the target did not answer; it may be starting"
+            if "--dhchap-ctrl-secret" in argv:
+                hint += (" (or the controller secret, auth.ctrl_key_file, differs from the "
+                         "storage host's: the kernel then waits instead of failing)")
             raise TransientConnectError(f"nvme {what} timed out after {exc.timeout:g}s",
-                                        "the target did not answer; it may be starting") \
-                from None
+                                        hint) from None
         if result.returncode != 0:
             kernel = self.kernel_log.since(mark)
             raise classify_connect_failure(result, kernel, what)

@@ -29,6 +29,7 @@ from nvmet.ids import read_host_identity
 
 from .. import progress
 from ..config.model import XFS_MIN_BYTES, Config, InitiatorPool
+from ..dhchap import read_secret
 from ..errors import KvagentError
 from ..log import get_logger
 from ..naming import filesystem_uuid, parse_subsystem_nqn
@@ -88,6 +89,17 @@ class MountedPool:
     mounts: tuple[str, ...]
     transport: str | None
     remounted: bool  # something was made or (re)mounted in this pass
+
+
+def with_secrets(options: FabricsOptions, pool: InitiatorPool) -> FabricsOptions:
+    """``options`` with the DH-HMAC-CHAP secrets of ``pool.auth`` (read from their files
+    on every pass: a rotated file is given to live controllers)."""
+    if pool.auth is None:
+        return options
+    ctrl = pool.auth.ctrl_key_file
+    return dataclasses.replace(
+        options, dhchap_secret=read_secret(pool.auth.key_file).text,
+        dhchap_ctrl_secret=read_secret(ctrl).text if ctrl else None)
 
 
 def load_state(state_dir: Path) -> dict[str, PoolAttachment]:
@@ -301,7 +313,7 @@ class InitiatorPass:
                 log.warning(warning, pool=pool.name)
         record = PoolAttachment(hostnqn, pool.layout, pool.shared)
         box.append(record)
-        options = FabricsOptions.from_config(pool.connect)
+        options = with_secrets(FabricsOptions.from_config(pool.connect), pool)
         wait = self.cfg.initiator.device_wait if self.cfg.initiator else 30.0
         connected: dict[str, list[Controller]] = {}
         path_errors: list[tuple[str, ConnectError]] = []

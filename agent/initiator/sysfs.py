@@ -244,6 +244,16 @@ class Sysfs:
         """Every controller that could be read completely (vanished ones are left out)."""
         return [c for c in (self.controller(n) for n in self.controller_names()) if c]
 
+    def controller_secret(self, name: str, attr: str) -> str | None:
+        """A controller's DH-HMAC-CHAP secret (``dhchap_secret`` or ``dhchap_ctrl_secret``;
+        root only), None when unset (``none``) or not there (a kernel without host auth)."""
+        value = read_attr(self.root / "class/nvme" / name / attr)
+        return None if value in (None, "", "none") else value
+
+    def set_controller_secret(self, name: str, attr: str, secret: str) -> None:
+        """Give a live controller a new secret: the kernel re-authenticates with it."""
+        (self.root / "class/nvme" / name / attr).write_text(secret + "\n")
+
     # -- subsystems -----------------------------------------------------------
     def subsystem(self, name: str) -> Subsystem | None:
         d = self.root / "class/nvme-subsystem" / name

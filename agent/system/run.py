@@ -28,6 +28,28 @@ DEFAULT_TIMEOUT = 60.0
 KILL_GRACE = 5.0
 
 
+#: Options whose value is a secret (DH-HMAC-CHAP): never logged or shown.
+SECRET_OPTIONS = ("--dhchap-secret", "--dhchap-ctrl-secret")
+
+
+def shown(args: Sequence[str]) -> list[str]:
+    """``args`` as logs and messages may show them: secret option values replaced."""
+    out: list[str] = []
+    hide = False
+    for arg in args:
+        if hide:
+            out.append("<secret>")
+            hide = False
+            continue
+        name, eq, _ = arg.partition("=")
+        if name in SECRET_OPTIONS:
+            out.append(f"{name}=<secret>" if eq else arg)
+            hide = not eq
+        else:
+            out.append(arg)
+    return out
+
+
 @dataclass(frozen=True)
 class CommandResult:
     """What a finished command returned."""
@@ -116,7 +138,7 @@ class SubprocessRunner:
                                time.monotonic() - started)
         if failpoints.changes_something(args):
             failpoints.step("command", " ".join(args[:4]))
-        log.debug("ran", argv=list(args), rc=result.returncode,
+        log.debug("ran", argv=shown(args), rc=result.returncode,
                   seconds=round(result.duration, 3))
         if check and not result.ok:
             raise CommandError(result)
@@ -146,16 +168,16 @@ def _communicate(proc: subprocess.Popen[str], args: tuple[str, ...], input: str 
         try:
             proc.communicate(timeout=KILL_GRACE)
         except subprocess.TimeoutExpired:
-            log.error("command stuck after kill; leaving it behind", argv=list(args),
+            log.error("command stuck after kill; leaving it behind", argv=shown(args),
                       pid=proc.pid, timeout=timeout)
             _abandon(proc)
             if stopping:
                 raise progress.Stopping() from None
             raise CommandTimeout(args, timeout, stuck=True) from None
         if stopping:
-            log.warning("command killed: the agent is stopping", argv=list(args))
+            log.warning("command killed: the agent is stopping", argv=shown(args))
             raise progress.Stopping()
-        log.warning("command timed out", argv=list(args), timeout=timeout)
+        log.warning("command timed out", argv=shown(args), timeout=timeout)
         raise CommandTimeout(args, timeout) from None
 
 
@@ -178,7 +200,7 @@ def _reap_abandoned() -> None:
 def abandoned_commands() -> list[tuple[int, tuple[str, ...]]]:
     """(pid, argv) of commands that were killed but are still stuck in the kernel."""
     _reap_abandoned()
-    return [(p.pid, tuple(str(a) for a in p.args)) for p in _ABANDONED]  # type: ignore[union-attr]
+    return [(p.pid, tuple(shown([str(a) for a in p.args]))) for p in _ABANDONED]  # type: ignore[union-attr]
 
 
 def default_runner() -> Runner:

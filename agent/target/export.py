@@ -75,5 +75,8 @@ def desired_port(port: PortConfig, subsystems: Iterable[str]) -> Port:
                 params=params, subsystems=frozenset(subsystems))
 
 
-def desired_hosts(nqns: Iterable[str]) -> list[Host]:
-    return [Host(nqn=n) for n in sorted(set(nqns))]
+def desired_hosts(nqns: Iterable[str],
+                  attrs: Mapping[str, Mapping[str, str]] | None = None) -> list[Host]:
+    """The nvmet hosts for ``nqns``, with their attributes (DH-HMAC-CHAP) from ``attrs``."""
+    attrs = attrs or {}
+    return [Host(nqn=n, attrs=dict(attrs.get(n, {}))) for n in sorted(set(nqns))]

@@ -26,7 +26,7 @@ from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay
 
 import nvmet
 from nvmet.errors import AddressNotAvailable, NvmetError, NvmetUnavailable, PlanError
-from nvmet.model import Namespace, Port, Subsystem, Tree, canonical
+from nvmet.model import Host, Namespace, Port, Subsystem, Tree, canonical
 from nvmet.planner import Action
 
 from .. import failpoints, progress
@@ -38,6 +38,7 @@ from ..records import SCHEMA, Binding, Storage, TargetRecords
 from ..result import ActionRecord, RunResult
 from ..system.modules import ensure_modules
 from ..system.run import Runner
+from .auth import HOST_FILES, SECRET_FILES, plan_host_auth
 from .backings import driver_for
 from .backings.base import BackingPlan, PassContext, Volume
 from .desired import pool_layout, pool_nqn
@@ -72,7 +73,10 @@ def base_spec(cfg: Config, feats: nvmet.Features | None) -> nvmet.ReadSpec:
     sub = Subsystem(nqn=_TEMPLATE_NQN, attrs={"allow_any_host": False},
                     namespaces=[template_ns])
     ports = [desired_port(pc, ()) for pc in cfg.target.ports] if cfg.target else []
-    return nvmet.read_spec(Tree(subsystems=[sub], ports=ports), feats)
+    # Every host's secrets (are they set?) where the kernel has them (features drop them
+    # elsewhere): turning auth off is refused, not silently ignored.
+    host = Host(nqn=_TEMPLATE_NQN, attrs=dict.fromkeys(HOST_FILES, ""))
+    return nvmet.read_spec(Tree(hosts=[host], subsystems=[sub], ports=ports), feats)
 
 
 def nvmet_fs(cfg: Config) -> nvmet.RealConfigFS:
@@ -156,9 +160,11 @@ class TargetPass:
 
     def _record_nvmet(self, action: Action, status: str, error: str | None = None) -> None:
         pool = self._action_pool(action)
+        detail = action.value if action.op == "write" else str(action)
+        if action.op == "write" and action.path.rsplit("/", 1)[-1] in SECRET_FILES:
+            detail = "<secret>"
         self.result.actions.append(ActionRecord(
-            "target", pool, f"nvmet.{action.op}", action.path,
-            action.value if action.op == "write" else str(action), status, error))
+            "target", pool, f"nvmet.{action.op}", action.path, detail, status, error))
 
     def _act(self, pool: str | None, kind: str, subject: str, detail: str = "",
              status: str | None = None, error: str | None = None) -> None:
@@ -210,6 +216,11 @@ class TargetPass:
         ctx = self._context(pools, records, live)
         plans = self._plan_backings(ctx, pools)
         failed = {name for name, p in plans.items() if p.errors}
+        auth = plan_host_auth(pools, live, feats)
+        for name, problems in auth.errors.items():
+            for message, hint in problems:
+                self.result.error("target", name, message, hint)
+            failed.add(name)
         kept = self._check_identities(ctx, pools, plans, failed)
         skip = {(name, key) for name, keys in kept.items() for key in keys}
         skip |= {(name, (w.host, w.nsid)) for name, p in plans.items() for w in p.withheld}
@@ -220,7 +231,7 @@ class TargetPass:
                 for step in plan.steps:
                     if (name, step.volume) not in skip:
                         self._act(step.pool, step.kind, step.subject, step.detail)
-        desired, port_ids = self._desired(ctx, pools, plans, failed, kept)
+        desired, port_ids = self._desired(ctx, pools, plans, failed, kept, auth.attrs)
         scope = nvmet.Scope.owned(subsystem_prefix=self.prefix,
                                   port_ids=records.ports | port_ids,
                                   hosts=records.hosts | set(desired.hosts))
@@ -372,8 +383,8 @@ class TargetPass:
 
     # ---------------------------------------------------------------- desired
     def _desired(self, ctx: PassContext, pools: list[TargetPool], plans: dict[str, BackingPlan],
-                 failed: set[str],
-                 kept: dict[str, dict[Key, Namespace | None]]) -> tuple[Tree, set[int]]:
+                 failed: set[str], kept: dict[str, dict[Key, Namespace | None]],
+                 host_attrs: dict[str, dict[str, str]]) -> tuple[Tree, set[int]]:
         cfg, live, records = self.cfg, ctx.live, ctx.records
         subsystems: dict[str, Subsystem] = {}
         links: dict[int, set[str]] = {}
@@ -424,7 +435,7 @@ class TargetPass:
                                   subsystems=frozenset(nqns))
                 accepted.add(pid)
         hosts = {h for sub in subsystems.values() for h in sub.allowed_hosts}
-        tree = Tree(hosts=desired_hosts(hosts), subsystems=list(subsystems.values()),
+        tree = Tree(hosts=desired_hosts(hosts, host_attrs), subsystems=list(subsystems.values()),
                     ports=list(ports.values()))
         return tree, accepted
 

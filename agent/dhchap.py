@@ -1,0 +1,165 @@
+"""DH-HMAC-CHAP secrets (NVMe in-band authentication): their format and their files.
+
+A secret is the NVMe representation ``DHHC-1:<hh>:<base64(key || crc32(key))>:`` that
+nvme-cli (``gen-dhchap-key``) and the kernel use: ``hh`` is the transform of the key
+(00 none, 01 SHA-256, 02 SHA-384, 03 SHA-512; the kernel transforms it with the host
+NQN), the key is 32, 48 or 64 random bytes and the CRC-32 is little-endian. The kernel's
+target stores whatever it is given (``DHHC-1:00:AAAA:`` is accepted by nvmet and
+only fails at the first connect), so kvagent checks every secret itself.
+
+Secrets live in files, never in the config: one secret per file, owned by root (or
+the user kvagent runs as), no group or other permission bits, not a symlink. Nothing
+here returns a secret in an error message; :func:`fingerprint` names a secret without
+revealing it (both hosts' fingerprints match when they hold the same secret).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import errno
+import hashlib
+import os
+import stat
+import zlib
+from dataclasses import dataclass
+
+from .errors import KvagentError
+
+#: Transform id -> (name, key length it needs; None: 32, 48 or 64).
+TRANSFORMS: dict[int, tuple[str, int | None]] = {
+    0: ("none", None), 1: ("sha256", 32), 2: ("sha384", 48), 3: ("sha512", 64)}
+KEY_LENGTHS = (32, 48, 64)
+PREFIX = "DHHC-1:"
+
+
+@dataclass(frozen=True, repr=False)
+class Secret:
+    """One DH-HMAC-CHAP secret. ``repr``/``str`` never show it; :attr:`text` does."""
+
+    text: str
+
+    def __repr__(self) -> str:
+        return f"Secret(<{fingerprint(self.text)}>)"
+
+    __str__ = __repr__
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.text)
+
+
+def fingerprint(text: str) -> str:
+    """A short, one-way name for a secret (16 hex digits of its SHA-256)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def secret_problem(text: str) -> str | None:
+    """What is wrong with ``text`` as a secret (the secret itself never appears), or None."""
+    if not text.startswith(PREFIX) or not text.endswith(":") or text.count(":") != 3:
+        return "is not a DH-HMAC-CHAP secret (DHHC-1:<hh>:<base64>:)"
+    _, hh, b64, _ = text.split(":")
+    if len(hh) != 2 or not hh.isdigit() or int(hh) not in TRANSFORMS:
+        return f"has transform {hh!r}; expected 00, 01, 02 or 03"
+    try:
+        blob = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError):
+        return "has a key that is not valid base64"
+    key, crc = blob[:-4], blob[-4:]
+    if len(key) not in KEY_LENGTHS:
+        return f"has a {max(len(key), 0)}-byte key; expected 32, 48 or 64 bytes"
+    name, needed = TRANSFORMS[int(hh)]
+    if needed is not None and len(key) != needed:
+        return f"has a {len(key)}-byte key; transform {hh} ({name}) needs {needed} bytes"
+    if zlib.crc32(key).to_bytes(4, "little") != crc:
+        return "fails its CRC check (copied incompletely?)"
+    return None
+
+
+def generate(transform: int = 0, length: int = 32) -> Secret:
+    """A new random secret (what ``nvme gen-dhchap-key`` makes)."""
+    if transform not in TRANSFORMS:
+        raise ValueError(f"transform must be one of {sorted(TRANSFORMS)}")
+    needed = TRANSFORMS[transform][1]
+    if length not in KEY_LENGTHS or (needed is not None and length != needed):
+        raise ValueError(f"a {length}-byte key does not fit transform {transform:02d}")
+    key = os.urandom(length)
+    blob = key + zlib.crc32(key).to_bytes(4, "little")
+    return Secret(f"{PREFIX}{transform:02d}:{base64.b64encode(blob).decode()}:")
+
+
+def _file_problem(path: str, st: os.stat_result) -> str | None:
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_uid not in (0, os.geteuid()):
+        return f"is owned by uid {st.st_uid}; a secret file must belong to root"
+    if st.st_mode & 0o077:
+        return (f"has mode {stat.S_IMODE(st.st_mode):04o}; a secret file must not be "
+                f"readable by group or others (chmod 600 {path})")
+    return None
+
+
+def read_secret(path: str) -> Secret:
+    """The secret in ``path``, checked (file and format); :class:`KvagentError` naming
+    the file and what is wrong, never the secret."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise KvagentError(f"secret file {path} does not exist",
+                           "make one with kvagent keys generate") from None
+    except OSError as exc:
+        why = "is a symlink" if exc.errno == errno.ELOOP else exc.strerror
+        raise KvagentError(f"secret file {path} cannot be read: {why}",
+                           "give the file itself, owned by root, mode 0600") from None
+    try:
+        problem = _file_problem(path, os.fstat(fd))
+        if problem is not None:
+            raise KvagentError(f"secret file {path} {problem}")
+        data = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    try:
+        text = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        text = ""
+    problem = secret_problem(text)
+    if problem is not None:
+        raise KvagentError(f"secret file {path} {problem}",
+                           "make one with kvagent keys generate, or copy the whole line")
+    return Secret(text)
+
+
+def secret_file_problem(path: str) -> str | None:
+    """:func:`read_secret`'s complaint about ``path`` as one line, or None."""
+    try:
+        read_secret(path)
+    except KvagentError as exc:
+        return exc.message.replace(f"secret file {path} ", "", 1)
+    return None
+
+
+def write_secret(path: str, secret: Secret, *, replace: bool = False) -> None:
+    """Write ``secret`` to ``path`` (mode 0600, fsynced, renamed into place); an existing
+    file is kept unless ``replace`` (a rotation)."""
+    directory = os.path.dirname(os.path.abspath(path)) or "/"
+    if not replace and os.path.lexists(path):
+        raise KvagentError(f"{path} exists; kvagent keys generate never overwrites a "
+                           "secret", "give --replace to rotate it, or another path")
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, (secret.text + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        os.unlink(tmp)
+        raise
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

@@ -1,0 +1,83 @@
+"""DH-HMAC-CHAP on the storage host: the nvmet host attributes each pool's hosts want.
+
+nvmet keeps one set of secrets per host NQN (``hosts/<nqn>/dhchap_*``), shared by every
+subsystem that allows the host; the config check makes a host NQN's ``auth`` the same in
+every pool. A new secret written there is used from the next authentication on: live
+controllers keep working (a rotation), and a GPU host that re-authenticates with the old
+secret is refused. The kernel cannot clear a secret once set (an empty write fails), so
+turning auth off for a host is refused with the way to do it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import nvmet
+from nvmet.model import Tree
+
+from ..config.model import TargetPool
+from ..dhchap import read_secret
+from ..errors import KvagentError
+
+#: The host attribute files kvagent reads (and writes when a host has auth).
+HOST_FILES = ("dhchap_key", "dhchap_ctrl_key", "dhchap_hash", "dhchap_dhgroup")
+#: Those that hold secrets: never shown (plan output, records, logs).
+SECRET_FILES = frozenset({"dhchap_key", "dhchap_ctrl_key"})
+
+
+@dataclass
+class HostAuthPlan:
+    """Per host NQN the nvmet attributes to set; per pool the errors that fail it."""
+
+    attrs: dict[str, dict[str, str]] = field(default_factory=dict)
+    errors: dict[str, list[tuple[str, str | None]]] = field(default_factory=dict)
+
+
+def plan_host_auth(pools: list[TargetPool], live: Tree,
+                   feats: nvmet.Features | None) -> HostAuthPlan:
+    """What each pool's hosts need in nvmet; a pool whose secrets cannot be read, whose
+    kernel lacks target auth, or that would turn auth off for a host has errors."""
+    out = HostAuthPlan()
+    for pool in pools:
+        for i, host in enumerate(pool.hosts):
+            where = f"pool {pool.name}: host {host.name} ({host.nqn})"
+            lhost = live.hosts.get(host.nqn)
+            live_keys = [f for f in ("dhchap_key", "dhchap_ctrl_key")
+                         if lhost is not None and lhost.attrs.get(f)]
+            if host.auth is None:
+                if live_keys:
+                    out.errors.setdefault(pool.name, []).append((
+                        f"{where} has a DH-HMAC-CHAP secret in nvmet and the config gives it "
+                        "no auth; the kernel cannot remove a secret from a host",
+                        "to turn auth off: remove the host from the hosts of every pool "
+                        "that lists it and apply (its controllers are cut off), then add "
+                        "it back without auth and apply again"))
+                continue
+            if feats is not None and feats.dhchap is False:
+                out.errors.setdefault(pool.name, []).append((
+                    f"{where} has auth, but this kernel's nvmet has no DH-HMAC-CHAP "
+                    f"(no hosts/*/dhchap_key{'; kernel ' + feats.kernel if feats.kernel else ''})",
+                    "run a kernel built with CONFIG_NVME_TARGET_AUTH (Debian 13's 6.12 has "
+                    "it, Debian 12's 6.1 does not), or remove auth from this host"))
+                continue
+            try:
+                key = read_secret(host.auth.key_file)
+                ctrl = (read_secret(host.auth.ctrl_key_file)
+                        if host.auth.ctrl_key_file else None)
+            except KvagentError as exc:
+                out.errors.setdefault(pool.name, []).append(
+                    (f"{where}: hosts[{i}].auth: {exc.message}", exc.hint))
+                continue
+            if ctrl is None and "dhchap_ctrl_key" in live_keys:
+                out.errors.setdefault(pool.name, []).append((
+                    f"{where} has a controller secret in nvmet and the config gives it no "
+                    "ctrl_key_file; the kernel cannot remove a secret from a host",
+                    "keep ctrl_key_file, or remove the host from its pools, apply, and add "
+                    "it back"))
+                continue
+            attrs = {"dhchap_key": key.text, "dhchap_hash": f"hmac({host.auth.hash})",
+                     "dhchap_dhgroup": host.auth.dhgroup}
+            if ctrl is not None:
+                attrs["dhchap_ctrl_key"] = ctrl.text
+            out.attrs[host.nqn] = attrs
+    return out

@@ -1,0 +1,70 @@
+"""DH-HMAC-CHAP on the GPU host: secrets passed to nvme connect (never logged), given to
+live controllers when the file changes (re-auth, no disconnect), refusals explained."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from pathlib import Path
+
+from agent.initiator.connect import Target, connect
+from agent.initiator.nvmecli import FabricsOptions, classify_connect_failure
+from agent.initiator.sysfs import Sysfs
+from agent.system.run import CommandResult, SubprocessRunner, shown
+
+from .fakesysfs import FakeSysfs
+from .test_connect import HOST, HOSTID, NQN, FakeKernel
+
+K1 = "DHHC-1:00:o71XL3dXa/kKh0AzaxNiDhEfzBRkl6AMyDu8pVg7SgIOxh5C:"
+K2 = "DHHC-1:00:SuvWukyCd00qGeccPkVGoCnGeIK7jfky06avdi1PUit8gdjB:"
+
+
+def auth_target(secret: str, ctrl: str | None = None) -> Target:
+    return Target("tcp", "10.0.0.1", "4420", NQN, HOST, HOSTID,
+                  FabricsOptions(dhchap_secret=secret, dhchap_ctrl_secret=ctrl))
+
+
+def test_connect_passes_the_secrets_and_repr_hides_them(tmp_path: Path) -> None:
+    kernel = FakeKernel(FakeSysfs(tmp_path))
+    t = auth_target(K1, K2)
+    connect(t, cli=kernel.cli, sysfs=Sysfs(tmp_path), sleep=lambda s: None)
+    [argv] = kernel.runner.ran("nvme", "connect")
+    assert argv[argv.index("--dhchap-secret") + 1] == K1
+    assert argv[argv.index("--dhchap-ctrl-secret") + 1] == K2
+    assert K1 not in repr(t) and K2 not in repr(t.options)
+
+
+def test_a_new_secret_reaches_live_controllers_without_a_reconnect(tmp_path: Path) -> None:
+    fake = FakeSysfs(tmp_path)
+    kernel = FakeKernel(fake)
+    fake.add_controller(2, subsysnqn=NQN, hostnqn=HOST, hostid=HOSTID,
+                        address="traddr=10.0.0.1,trsvcid=4420,src_addr=10.0.0.7",
+                        dhchap_secret=K1, dhchap_ctrl_secret="none")
+    sysfs = Sysfs(tmp_path)
+    same = connect(auth_target(K1), cli=kernel.cli, sysfs=sysfs, sleep=lambda s: None)
+    assert not same.changed
+    rotated = connect(auth_target(K2), cli=kernel.cli, sysfs=sysfs, sleep=lambda s: None)
+    assert rotated.changed and kernel.runner.ran("nvme", "connect") == []
+    assert sysfs.controller_secret("nvme2", "dhchap_secret") == K2
+    assert sysfs.controller_secret("nvme2", "dhchap_ctrl_secret") is None
+
+
+def test_runner_logs_never_show_secrets(caplog, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    assert shown(["nvme", "connect", "--dhchap-secret", K1, f"--dhchap-ctrl-secret={K2}",
+                  "--nqn", NQN]) == ["nvme", "connect", "--dhchap-secret", "<secret>",
+                                     "--dhchap-ctrl-secret=<secret>", "--nqn", NQN]
+    caplog.set_level(logging.DEBUG)
+    SubprocessRunner()(["sh", "-c", "exit 3", "--dhchap-secret", K1], check=False, timeout=10)
+    assert K1 not in caplog.text
+
+
+def test_refused_secrets_are_explained() -> None:
+    for err, words in ((errno.EKEYREJECTED, "auth.key_file must hold the secret"),
+                       (errno.ENOKEY, "requires DH-HMAC-CHAP")):
+        stderr = (f"Failed to write to /dev/nvme-fabrics: {os.strerror(err)}\n"
+                  "could not add new controller: failed to write to nvme-fabrics device\n")
+        result = CommandResult(("nvme", "connect"), 1, "", stderr)
+        exc = classify_connect_failure(result)
+        assert exc.errno_name == errno.errorcode[err], exc
+        assert words in (exc.hint or "")

@@ -1,0 +1,99 @@
+"""DH-HMAC-CHAP on the storage host (fake configfs with Debian 13's 6.12 profile)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.dhchap import generate, read_secret, write_secret
+from nvmet.fake import KERNEL_6_1, KERNEL_6_12, FakeConfigFS
+
+from .helpers import H1, H2, Target, config, file_pool
+
+
+def keyed(tmp_path: Path, name: str) -> str:
+    path = tmp_path / "keys" / name
+    path.parent.mkdir(exist_ok=True)
+    write_secret(str(path), generate())
+    return str(path)
+
+
+def auth_pool(tmp_path: Path, name: str = "kv", ctrl: bool = False, **auth: str) -> dict:
+    pool = file_pool(tmp_path, name=name, count=1)
+    pool["hosts"][0]["auth"] = {"key_file": str(tmp_path / "keys/h1.key"), **auth}
+    if ctrl:
+        pool["hosts"][0]["auth"]["ctrl_key_file"] = str(tmp_path / "keys/c1.key")
+    return pool
+
+
+def on_612(tmp_path: Path) -> Target:
+    target = Target(tmp_path)
+    target.fs = FakeConfigFS(check_order=True, profile=KERNEL_6_12)
+    return target
+
+
+def test_host_secrets_are_written_converge_and_are_never_shown(tmp_path: Path) -> None:
+    key, ctrl = keyed(tmp_path, "h1.key"), keyed(tmp_path, "c1.key")
+    target = on_612(tmp_path)
+    cfg = config(tmp_path, [auth_pool(tmp_path, ctrl=True, hash="sha512", dhgroup="ffdhe4096")])
+    planned = target.run(cfg, dry_run=True)
+    secrets = (read_secret(key).text, read_secret(ctrl).text)
+    assert planned.ok and not any(s in repr(planned.to_json()) for s in secrets)
+    first = target.run(cfg)
+    assert first.ok, first.errors
+    assert not any(s in repr(first.to_json()) for s in secrets)
+    host = f"hosts/{H1}"
+    assert target.fs.read(f"{host}/dhchap_key") == secrets[0]
+    assert target.fs.read(f"{host}/dhchap_ctrl_key") == secrets[1]
+    assert target.fs.read(f"{host}/dhchap_hash") == "hmac(sha512)"
+    assert target.fs.read(f"{host}/dhchap_dhgroup") == "ffdhe4096"
+    assert target.fs.read(f"hosts/{H2}/dhchap_key") == ""  # the other host has no auth
+    again = target.run(cfg)
+    assert again.ok and again.configfs_writes == 0
+
+
+def test_a_rotated_key_file_is_written_alone(tmp_path: Path) -> None:
+    key = keyed(tmp_path, "h1.key")
+    target = on_612(tmp_path)
+    cfg = config(tmp_path, [auth_pool(tmp_path)])
+    assert target.run(cfg).ok
+    write_secret(key, generate(), replace=True)
+    rotated = target.run(cfg)
+    assert rotated.ok and rotated.configfs_writes == 1
+    assert target.fs.read(f"hosts/{H1}/dhchap_key") == read_secret(key).text
+    assert target.ops("write")[-1] == ("write", f"hosts/{H1}/dhchap_key")
+
+
+def test_bad_or_missing_secret_fails_that_pool_alone(tmp_path: Path) -> None:
+    keyed(tmp_path, "h1.key")
+    target = on_612(tmp_path)
+    other = file_pool(tmp_path, name="other", count=1, hosts=(("gpu-2", H2),))
+    cfg = config(tmp_path, [auth_pool(tmp_path), other])
+    assert target.run(cfg).ok
+    (tmp_path / "keys/h1.key").chmod(0o644)
+    result = target.run(cfg)
+    [err] = result.errors
+    assert err.pool == "kv" and "mode 0644" in err.message and H1 in err.message
+    assert result.configfs_writes == 0  # kv kept as it is, other converged
+
+
+def test_turning_auth_off_is_refused_with_the_way_to_do_it(tmp_path: Path) -> None:
+    keyed(tmp_path, "h1.key")
+    target = on_612(tmp_path)
+    assert target.run(config(tmp_path, [auth_pool(tmp_path)])).ok
+    result = target.run(config(tmp_path, [file_pool(tmp_path, count=1)]))
+    [err] = result.errors
+    assert "cannot remove a secret" in err.message and "remove the host" in (err.hint or "")
+    assert result.configfs_writes == 0
+    assert target.fs.read(f"hosts/{H1}/dhchap_key").startswith("DHHC-1:")
+
+
+def test_auth_on_a_kernel_without_target_auth_is_refused_clearly(tmp_path: Path) -> None:
+    keyed(tmp_path, "h1.key")
+    target = Target(tmp_path)
+    target.fs = FakeConfigFS(check_order=True, profile=KERNEL_6_1)
+    plain = target.run(config(tmp_path, [file_pool(tmp_path, count=1)]))
+    assert plain.ok  # a host now exists: the kernel's host attributes are known
+    result = target.run(config(tmp_path, [auth_pool(tmp_path)]))
+    [err] = result.errors
+    assert err.pool == "kv" and "no DH-HMAC-CHAP" in err.message
+    assert "CONFIG_NVME_TARGET_AUTH" in (err.hint or "")

@@ -42,6 +42,7 @@ from typing import Any
 
 from .configfs import Entry
 from .nqn import DISCOVERY_NQN
+from .reader import PROBE_NQN
 
 _WO = object()  # marker: write-only attribute (revalidate_size)
 _RANDOM_UUID = object()
@@ -102,6 +103,10 @@ def _profile_6_12() -> dict[str, dict[str, Any]]:
                  "dhchap_dhgroup": "null"}
     p["subsystem"].update({"attr_firmware": "6.12.117", "attr_ieee_oui": "0x000000"})
     p["port"].update({"addr_tsas": "", "param_max_queue_size": "-1"})
+    p["root"] = {"discovery_nqn": "nqn.2014-08.org.nvmexpress.discovery"}
+    # NVME_TARGET_PASSTHRU: every subsystem has a passthru group (kvagent never uses it).
+    p["passthru"] = {"admin_timeout": "0", "clear_ids": "0", "device_path": "(null)",
+                     "enable": "0", "io_timeout": "0"}
     return p
 
 
@@ -128,13 +133,19 @@ _VARYING = {("subsystem", "attr_serial"), ("subsystem", "attr_firmware"),
             ("namespace", "device_uuid")}
 
 
+#: Object kinds whose attribute files a profile gives ("root": the nvmet root itself;
+#: "passthru": a subsystem's passthru group, on kernels with NVME_TARGET_PASSTHRU).
+PROFILE_KINDS = ("root", "host", "subsystem", "passthru", "namespace", "port", "ana_group",
+                 "referral")
+
+
 def profile_problems(profile: Mapping[str, Mapping[str, Any]],
                      captured: Mapping[str, Any]) -> list[str]:
     """How a fake profile differs from a real kernel's capture (``capture_profile.py`` in
     the kernel tier: per kind, each file's mode and value); [] when it matches."""
     out = []
-    for kind, files in profile.items():
-        real = captured.get(kind, {})
+    for kind in PROFILE_KINDS:
+        files, real = profile.get(kind) or {}, captured.get(kind) or {}
         for name in sorted(set(files) ^ set(real)):
             where = "only in the fake" if name in files else "only in the kernel"
             out.append(f"{kind}: {name} {where}")
@@ -431,7 +442,7 @@ class FakeConfigFS:
             self.ops.append(Op(op, path, value, exc.errno))
             raise
         self.ops.append(Op(op, path, value, changed=self._changed))
-        if op in ("mkdir", "symlink"):
+        if op in ("mkdir", "symlink") and PROBE_NQN not in path:
             self._session_created = True
         if op == "symlink":
             parts = self._parts(path)
@@ -439,6 +450,8 @@ class FakeConfigFS:
                 self._session_exported.add(self._parts(value or "")[-1])
 
     def _check_order(self, op: str, path: str) -> None:
+        if PROBE_NQN in path:
+            return  # the nvmet library's throw-away feature probe (nvmet.features)
         parts = self._parts(path)
         if op in ("rmdir", "unlink") and self._session_created:
             raise OrderingViolation(f"{op} {path} after a create in the same session: "
@@ -494,9 +507,14 @@ class FakeConfigFS:
                 node.children[name] = _File(f"{self._rng.getrandbits(80):020x}")
             else:
                 node.children[name] = _File(str(value))
-        for name, gkind in _DEFAULT_GROUPS.get(kind, {}).items():
+        groups = dict(_DEFAULT_GROUPS.get(kind, {}))
+        if kind == "subsystem" and "passthru" in self.profile:
+            groups["passthru"] = "passthru"
+        for name, gkind in groups.items():
             group = _Dir(gkind, default=True)
             node.children[name] = group
+            if gkind == "passthru":
+                self._add_defaults(group, "passthru")
             if gkind == "ana_groups":
                 grp = _Dir("ana_group", default=True)
                 grp.children["ana_state"] = _File("optimized")

@@ -303,16 +303,22 @@ def _probe(fs: ConfigFS, found: dict[str, frozenset[str] | None]) -> None:
                 fs.rmdir(path)
 
 
-def features(fs: ConfigFS, *, kernel: str | None = None, probe: bool = False) -> Features:
+def features(fs: ConfigFS, *, kernel: str | None = None,
+             probe: bool | frozenset[str] = False) -> Features:
     """Detect optional features from the attribute files of existing objects.
 
     Kinds without an existing object stay unknown (``None``) unless ``probe`` is set: then
     a temporary host, subsystem + namespace and port + referral (named :data:`PROBE_NQN`, a
     free port id) are created, inspected and removed (these writes are counted by ``fs``).
+    ``probe`` may name the kinds to probe (``frozenset({"host"})``: only a host).
     ``kernel`` is only used in messages (e.g. ``platform.release()``).
     """
     check_available(fs)
     found = _inspect(fs)
-    if probe and any(v is None for v in found.values()):
-        _probe(fs, found)
+    wanted = set(found) if probe is True else set(probe or ())
+    if any(found[k] is None for k in wanted):
+        skipped = {k: v for k, v in found.items() if k not in wanted}
+        probed = {**found, **dict.fromkeys(skipped, frozenset())}
+        _probe(fs, probed)
+        found = {**probed, **skipped}
     return Features(kernel=kernel, files=FrozenMap(found))

@@ -209,16 +209,20 @@ class KernelTier:
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                   check=False)
         lines.append(f"[kernel tier] group {group!r}: {proc.stdout.strip()}")
-        if log.exists():
-            # Lines a kernel test marks for the CI log (e.g. the Ansible recaps).
-            # (Each once: a test may also send them to the console as they happen.)
-            marked = [line for line in log.read_text(errors="replace").splitlines()
-                      if line.startswith("KVAGENT-CI-LOG: ")]
-            lines += [f"[kernel tier] {line[len('KVAGENT-CI-LOG: '):]}"
-                      for line in dict.fromkeys(marked)]
+        # Lines a kernel test marks for the CI log (e.g. the Ansible recaps, the kill
+        # matrices' per-step results): from the tests' captured output in the report (the
+        # console log can lose output under load), else from the console log; each once.
+        texts = [log.read_text(errors="replace")] if log.exists() else []
         if report.exists():
             self.results[group] = json.loads(report.read_text())
-        else:
+            texts = [text for phases in self.results[group].values()
+                     for phase in phases.values() for _, text in phase.get("sections", [])
+                     ] or texts
+        marked = [line for text in texts for line in text.splitlines()
+                  if line.startswith("KVAGENT-CI-LOG: ")]
+        lines += [f"[kernel tier] {line[len('KVAGENT-CI-LOG: '):]}"
+                  for line in dict.fromkeys(marked)]
+        if not report.exists():
             tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
             self.failures[group] = (
                 f"the VM for kernel group {group!r} produced no report "

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import nvmet
 from nvmet.model import Tree
 
-from ..config.model import TargetPool
+from ..config.model import Config, TargetPool
 from ..dhchap import read_secret
 from ..errors import KvagentError
 
@@ -31,6 +31,12 @@ class HostAuthPlan:
 
     attrs: dict[str, dict[str, str]] = field(default_factory=dict)
     errors: dict[str, list[tuple[str, str | None]]] = field(default_factory=dict)
+
+
+def wants_auth(cfg: Config) -> bool:
+    """Whether any target pool's host has DH-HMAC-CHAP."""
+    pools = cfg.target.pools if cfg.target else ()
+    return any(h.auth is not None for p in pools for h in p.hosts)
 
 
 def plan_host_auth(pools: list[TargetPool], live: Tree,

@@ -38,7 +38,7 @@ from ..records import SCHEMA, Binding, Storage, TargetRecords
 from ..result import ActionRecord, RunResult
 from ..system.modules import ensure_modules
 from ..system.run import Runner
-from .auth import HOST_FILES, SECRET_FILES, plan_host_auth
+from .auth import HOST_FILES, SECRET_FILES, plan_host_auth, wants_auth
 from .backings import driver_for
 from .backings.base import BackingPlan, PassContext, Volume
 from .desired import pool_layout, pool_nqn
@@ -194,6 +194,10 @@ class TargetPass:
         have: nvmet.ReadSpec | None
         try:
             feats = nvmet.features(self.fs)
+            if feats.dhchap is None and not self.dry_run and wants_auth(cfg):
+                # No host exists yet to show whether this kernel has target auth: look
+                # with throw-away objects, so that a kernel without it is said so now.
+                feats = nvmet.features(self.fs, probe=frozenset({"host"}))
             have = base_spec(cfg, feats)
             live = nvmet.read(self.fs, spec=have)
         except NvmetUnavailable as exc:

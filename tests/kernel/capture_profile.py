@@ -49,9 +49,12 @@ def capture(root: str = NVMET) -> dict[str, Any]:
         for rel in OBJECTS:
             os.mkdir(f"{root}/{rel}")
             made.append(rel)
+        passthru = f"{root}/subsystems/{SUB}/passthru"
         return {
-            "kernel": os.uname().release, "root": sorted(os.listdir(root)),
+            "kernel": os.uname().release, "entries": sorted(os.listdir(root)),
+            "root": _files(root),
             "host": _files(f"{root}/hosts/{HOST}"),
+            "passthru": _files(passthru) if os.path.isdir(passthru) else None,
             "subsystem": _files(f"{root}/subsystems/{SUB}"),
             "subsystem_dirs": _dirs(f"{root}/subsystems/{SUB}"),
             "namespace": _files(f"{root}/subsystems/{SUB}/namespaces/1"),

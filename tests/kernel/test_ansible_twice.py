@@ -19,7 +19,7 @@ import pytest
 from . import kit
 from .pools import umount_all_under
 
-pytestmark = pytest.mark.kernel(group="ansible", weight=30)
+pytestmark = pytest.mark.kernel(group="ansible", weight=16)
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT = Path("/tmp/kvagent-ansible")

@@ -289,7 +289,7 @@ def foreign_objects(lab: Lab, nullb):  # type: ignore[no-untyped-def]
         foreign.remove()
 
 
-@pytest.mark.kernel(group="crash-storage", weight=10)
+@pytest.mark.kernel(group="crash-storage", weight=9)
 def test_kill_after_every_step_of_a_cold_apply_storage_side(lab: Lab, nullb) -> None:  # type: ignore[no-untyped-def]
     with foreign_objects(lab, nullb) as foreign:
         n = run_case("storage cold apply", lab, config(lab, gpu=False),
@@ -298,7 +298,7 @@ def test_kill_after_every_step_of_a_cold_apply_storage_side(lab: Lab, nullb) -> 
         ci_log(f"crash matrix size: storage cold apply {n} kills")
 
 
-@pytest.mark.kernel(group="crash-gpu", weight=8)
+@pytest.mark.kernel(group="crash-gpu", weight=15)
 def test_kill_after_every_step_of_a_cold_attach_gpu_side(lab: Lab, nullb) -> None:  # type: ignore[no-untyped-def]
     with foreign_objects(lab, nullb) as foreign:
         storage_only = config(lab, gpu=False)
@@ -316,7 +316,7 @@ def test_kill_after_every_step_of_a_cold_attach_gpu_side(lab: Lab, nullb) -> Non
         ci_log(f"crash matrix size: gpu cold attach {n} kills")
 
 
-@pytest.mark.kernel(group="crash-teardown", weight=8)
+@pytest.mark.kernel(group="crash-teardown", weight=18)
 def test_kill_after_every_step_of_a_teardown(lab: Lab, nullb) -> None:  # type: ignore[no-untyped-def]
     with foreign_objects(lab, nullb) as foreign:
         full = config(lab)

@@ -572,3 +572,45 @@ def test_pack_source_refuses_missing_paths(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "pyproject.toml" in result.stderr
     assert not (tmp_path / "x.tar").exists()
+
+
+# --- DH-HMAC-CHAP secrets ---------------------------------------------------------------
+
+SECRETS_PLAY = """\
+- name: Write secrets
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Secrets
+      ansible.builtin.include_role:
+        name: kvagent
+        tasks_from: secrets.yml
+"""
+
+
+@needs_root
+def test_secrets_are_written_0600_never_logged_and_idempotent(tmp_path: Path) -> None:
+    from agent.dhchap import generate, read_secret
+
+    vaulted, on_controller = generate().text, generate().text
+    src = tmp_path / "controller-gpu-2.key"
+    src.write_text(on_controller + "\n")
+    keys = tmp_path / "etc/keys"
+    play = tmp_path / "secrets.yml"
+    play.write_text(SECRETS_PLAY)
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                 "kvagent_secrets": [{"path": str(keys / "gpu-1.key"), "content": vaulted},
+                                     {"path": str(keys / "gpu-2.key"), "src": str(src)}]},
+        "hosts": {"stor": {}},
+    }}))
+    runs = [_playbook(tmp_path, "-v", "-i", str(inventory), str(play)) for _ in range(2)]
+    for run in runs:
+        output = run.stdout + run.stderr
+        assert run.returncode == 0, output
+        assert vaulted not in output and on_controller not in output
+    assert re.search(r"changed=2\b", runs[0].stdout) and re.search(r"changed=0\b", runs[1].stdout)
+    assert read_secret(str(keys / "gpu-1.key")).text == vaulted  # also checks mode and owner
+    assert read_secret(str(keys / "gpu-2.key")).text == on_controller
+    assert oct(keys.stat().st_mode & 0o777) == "0o700"

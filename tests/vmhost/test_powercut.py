@@ -19,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 #: Weight: its minutes under TCG alone (four boots); ranks its VM slot among the groups.
-pytestmark = pytest.mark.vmhost(weight=8)
+pytestmark = pytest.mark.vmhost(weight=10)
 #: scripts/vm's exit status when the guest never finished its command (here: the cut).
 CUT = 125
 

@@ -356,8 +356,11 @@ def _(env: Env) -> Op:
 @case("write_missing_attribute", "an attribute this kernel lacks -> ENOENT (feature missing)",
       E.ENOENT)
 def _(env: Env) -> Op:
-    host(env)
-    return lambda: env.fs.write(join("hosts", HOST, "dhchap_key"), "DHHC-1:00:x:")
+    # Persistent reservations (resv_enable): neither Debian 12's 6.1 nor 13's 6.12 has it
+    # (hosts' dhchap_key, used here before, is there on 6.12).
+    sub(env)
+    path = ns(env)
+    return lambda: env.fs.write(join(path, "resv_enable"), "1")
 
 
 @case("enable_without_device_path", "enable without device_path -> EINVAL", E.EINVAL)

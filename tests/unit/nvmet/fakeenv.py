@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
+from typing import Any
 
 from nvmet.fake import FakeConfigFS
 
@@ -13,8 +15,9 @@ class FakeEnv:
     local_addr = "127.0.0.1"
     rdma_nodev_addr = "10.98.0.1"
 
-    def __init__(self) -> None:
-        self.fs = FakeConfigFS(local_addresses={"127.0.0.1", "::1", self.rdma_nodev_addr})
+    def __init__(self, profile: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        self.fs = FakeConfigFS(local_addresses={"127.0.0.1", "::1", self.rdma_nodev_addr},
+                               profile=profile)
         self._n = itertools.count()
 
     def block_device(self) -> str:

@@ -1,4 +1,5 @@
-"""The shared errno table on the fake (the kernel tier runs the same table on 6.1)."""
+"""The shared errno table on the fake, with both kernels' profiles (the kernel tier runs the
+same table on 6.1 and on 6.12)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nvmet.fake import FakeConfigFS
+from nvmet.fake import KERNEL_6_1, KERNEL_6_12, FakeConfigFS
 from nvmet.reader import read
 
 from .errno_table import CASES, HOST, RANDOM, SUB, defaults_snapshot, run_case, wipe
@@ -16,9 +17,10 @@ from .fakeenv import FakeEnv
 CAPTURE = Path(__file__).parent / "fixtures" / "kernel-6.1"
 
 
+@pytest.mark.parametrize("profile", [KERNEL_6_1, KERNEL_6_12], ids=["6.1", "6.12"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_errno_rule_on_fake(case) -> None:
-    env = FakeEnv()
+def test_errno_rule_on_fake(case, profile) -> None:  # type: ignore[no-untyped-def]
+    env = FakeEnv(profile)
     got = run_case(case, env)
     assert got == case.expect, (
         f"{case.rule}: expected {E.errorcode.get(case.expect, case.expect)}, "

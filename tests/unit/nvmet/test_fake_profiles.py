@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from nvmet.fake import KERNEL_6_12, profile_problems
+from nvmet.fake import KERNEL_6_1, KERNEL_6_12, profile_problems
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.mark.parametrize(("capture", "profile"), [("kernel-6.12/profile.json", KERNEL_6_12)])
+@pytest.mark.parametrize(("capture", "profile"), [("kernel-6.1/profile.json", KERNEL_6_1),
+                                                  ("kernel-6.12/profile.json", KERNEL_6_12)])
 def test_profile_matches_the_real_capture(capture: str, profile: dict) -> None:
     captured = json.loads((FIXTURES / capture).read_text())
     assert profile_problems(profile, captured) == []

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from agent.dhchap import generate, read_secret, write_secret
 from nvmet.fake import KERNEL_6_1, KERNEL_6_12, FakeConfigFS
 
@@ -91,9 +94,59 @@ def test_auth_on_a_kernel_without_target_auth_is_refused_clearly(tmp_path: Path)
     keyed(tmp_path, "h1.key")
     target = Target(tmp_path)
     target.fs = FakeConfigFS(check_order=True, profile=KERNEL_6_1)
-    plain = target.run(config(tmp_path, [file_pool(tmp_path, count=1)]))
-    assert plain.ok  # a host now exists: the kernel's host attributes are known
+    # First apply: no host exists to show the kernel's host attributes (they are probed).
     result = target.run(config(tmp_path, [auth_pool(tmp_path)]))
     [err] = result.errors
     assert err.pool == "kv" and "no DH-HMAC-CHAP" in err.message
     assert "CONFIG_NVME_TARGET_AUTH" in (err.hint or "")
+    assert not target.fs.list("subsystems") or all(
+        "kv" not in e.name for e in target.fs.list("subsystems"))
+    assert target.fs.list("ports") == [] or target.fs.exists("ports/1")  # probe removed
+    plain = target.run(config(tmp_path, [file_pool(tmp_path, count=1)]))
+    assert plain.ok  # hosts now exist: known without a probe
+    again = target.run(config(tmp_path, [auth_pool(tmp_path)]))
+    assert [e.pool for e in again.errors] == ["kv"] and again.configfs_writes == 0
+
+
+@settings(max_examples=5, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.binary(min_size=32, max_size=32), ctrl=st.binary(min_size=32, max_size=32))
+def test_random_secrets_never_appear_in_plan_apply_or_log_output(
+        tmp_path_factory, key: bytes, ctrl: bytes, caplog) -> None:  # type: ignore[no-untyped-def]
+    import base64
+    import io
+    import logging
+    import zlib
+
+    from agent.cli.apply_cmd import _text
+    from agent.dhchap import Secret
+    from agent.log import configure_logging
+
+    def secret(raw: bytes) -> Secret:
+        blob = raw + zlib.crc32(raw).to_bytes(4, "little")
+        return Secret(f"DHHC-1:00:{base64.b64encode(blob).decode()}:")
+
+    tmp_path = tmp_path_factory.mktemp("auth")
+    (tmp_path / "keys").mkdir()
+    write_secret(str(tmp_path / "keys/h1.key"), secret(key))
+    write_secret(str(tmp_path / "keys/c1.key"), secret(ctrl))
+    texts = (secret(key).text, secret(ctrl).text)
+    target = on_612(tmp_path)
+    cfg = config(tmp_path, [auth_pool(tmp_path, ctrl=True)])
+    caplog.set_level(logging.DEBUG)  # the nvmet library logs with logging
+    agent_log = io.StringIO()  # kvagent's own log (structlog), at debug
+    configure_logging(1, stream=agent_log)
+    outputs = []
+    try:
+        for dry_run in (True, False):
+            result = target.run(cfg, dry_run=dry_run)
+            assert result.ok, result.errors
+            outputs += [repr(result.to_json()), _text(result)]
+    finally:
+        configure_logging()
+    outputs += [caplog.text, agent_log.getvalue()]
+    assert "dhchap_key = <secret>" in caplog.text  # the log did see the secret writes
+    assert target.fs.read(f"hosts/{H1}/dhchap_key") == texts[0]
+    for text in outputs:
+        assert not any(s in text for s in texts)
+        assert not any(base64.b64encode(raw).decode()[:16] in text for raw in (key, ctrl))

@@ -27,7 +27,8 @@ from .capture_profile import capture
 from .crash import ci_log
 from .pools import Lab, assert_converged, assert_ok, mount_tmpfs, umount_all_under
 
-pytestmark = pytest.mark.kernel(group="kernel-6.12", kernel="6.12.117+deb13-amd64")
+pytestmark = [pytest.mark.kernel(group="kernel-6.12", kernel="6.12.117+deb13-amd64"),
+              pytest.mark.second_kernel]
 PREFIX = "nqn.2026-11.io.kvagent.auth"
 NVMET = Path("/sys/kernel/config/nvmet")
 

@@ -21,7 +21,8 @@ from .test_nvmet_errno import KernelEnv
 
 #: Weights: minutes under TCG (the errno cases take seconds each).
 KERNEL = "6.12.117+deb13-amd64"
-pytestmark = pytest.mark.kernel(group="kernel-6.12", kernel=KERNEL, weight=0.05)
+pytestmark = [pytest.mark.kernel(group="kernel-6.12", kernel=KERNEL, weight=0.05),
+              pytest.mark.second_kernel]
 PREFIX = "nqn.2026-11.io.kvagent.smoke"
 
 

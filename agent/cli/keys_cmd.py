@@ -63,6 +63,10 @@ def generate_cmd(file: str, hmac_name: str, length: str | None, replace: bool) -
     size = int(length) if length else (needed or 32)
     if needed is not None and size != needed:
         raise UsageError(f"--length {size}: --hmac {hmac_name} needs a {needed}-byte key")
+    directory = os.path.dirname(os.path.abspath(file))
+    if not os.path.isdir(directory):
+        raise UsageError(f"FILE: directory {directory} does not exist",
+                         f"create it first, owned by root (mkdir -m 700 {directory})")
     existed = os.path.lexists(file)
     if existed and not replace:
         raise UsageError(f"FILE: {file} exists; kvagent keys generate never overwrites a "

@@ -84,6 +84,8 @@ def test_keys_cli_generates_shows_and_never_prints_the_secret(tmp_path: Path) ->
     bad = runner.invoke(main, ["keys", "generate", "--hmac", "sha384", "--length", "32",
                                str(tmp_path / "x")])
     assert bad.exit_code == 2 and "--length" in bad.stderr and not (tmp_path / "x").exists()
+    nowhere = runner.invoke(main, ["keys", "generate", str(tmp_path / "no/such/dir/k")])
+    assert nowhere.exit_code == 2 and "does not exist" in nowhere.stderr
     shown = runner.invoke(main, ["keys", "show", str(path)])
     assert shown.exit_code == 0 and secret.fingerprint in shown.stdout
     assert secret.text not in shown.output

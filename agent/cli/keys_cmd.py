@@ -51,7 +51,8 @@ def _text(d: dict[str, Any]) -> str:
               help="Key length in bytes (default: 32; sha384 needs 48, sha512 64).")
 @click.option("--replace", is_flag=True,
               help="Overwrite an existing file (a rotation: apply on the storage host "
-                   "first, then on the GPU host).")
+                   "first, then on the GPU host; one secret at a time keeps "
+                   "controllers live).")
 def generate_cmd(file: str, hmac_name: str, length: str | None, replace: bool) -> None:
     """Write a new random secret to FILE (mode 0600); print its fingerprint.
 

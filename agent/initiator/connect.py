@@ -174,20 +174,32 @@ def connect(target: Target, *, cli: NvmeCli, sysfs: Sysfs, attempts: int = 5,
 
 def refresh_secrets(target: Target, controllers: list[Controller], sysfs: Sysfs) -> bool:
     """Give live controllers the target's DH-HMAC-CHAP secrets where theirs differ (a
-    rotation): the kernel re-authenticates at once, without disconnecting. True if one
-    was given. (Removing a secret needs a reconnect: the kernel keeps the one it has.)"""
+    rotation): each write makes the kernel re-authenticate at once, without disconnecting.
+    True if one was given. (Removing a secret needs a reconnect: the kernel keeps the one
+    it has.)
+
+    A rotation of one secret keeps the controller live. When both differ, the first
+    write's re-authentication pairs a new secret with an old one, the target fails it and
+    the controller reconnects (I/O waits about 10 s, the kernel's reconnect delay): that
+    is warned about. The controller secret goes first: a reconnect that starts before
+    the host secret is written is then refused at once (a wrong host secret), where the
+    other order leaves it waiting on a controller secret that cannot match."""
     changed = False
     opts = target.options
-    for attr, secret in (("dhchap_secret", opts.dhchap_secret),
-                         ("dhchap_ctrl_secret", opts.dhchap_ctrl_secret)):
-        if secret is None:
-            continue
-        for ctrl in controllers:
-            if sysfs.controller_secret(ctrl.name, attr) != secret:
-                sysfs.set_controller_secret(ctrl.name, attr, secret)
-                log.info("new DH-HMAC-CHAP secret given: re-authenticating",
-                         controller=ctrl.name, subsysnqn=target.subsysnqn, attribute=attr)
-                changed = True
+    wanted = (("dhchap_ctrl_secret", opts.dhchap_ctrl_secret),
+              ("dhchap_secret", opts.dhchap_secret))
+    for ctrl in controllers:
+        stale = [attr for attr, secret in wanted
+                 if secret is not None and sysfs.controller_secret(ctrl.name, attr) != secret]
+        if len(stale) == 2:
+            log.warning("both DH-HMAC-CHAP secrets changed at once: the controller "
+                        "reconnects once (I/O waits for it); rotate one secret at a time "
+                        "to keep it live", controller=ctrl.name, subsysnqn=target.subsysnqn)
+        for attr in stale:
+            sysfs.set_controller_secret(ctrl.name, attr, dict(wanted)[attr])
+            log.info("new DH-HMAC-CHAP secret given: re-authenticating",
+                     controller=ctrl.name, subsysnqn=target.subsysnqn, attribute=attr)
+            changed = True
     return changed
 
 

@@ -6,6 +6,9 @@ every pool. A new secret written there is used from the next authentication on: 
 controllers keep working (a rotation), and a GPU host that re-authenticates with the old
 secret is refused. The kernel cannot clear a secret once set (an empty write fails), so
 turning auth off for a host is refused with the way to do it.
+
+A GPU host re-authenticates once per secret it is given: rotating one secret at a time
+keeps its controllers live; both at once makes them reconnect once (warned about).
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from nvmet.model import Tree
 from ..config.model import Config, TargetPool
 from ..dhchap import read_secret
 from ..errors import KvagentError
+from ..log import get_logger
+
+log = get_logger("target.auth")
 
 #: The host attribute files kvagent reads (and writes when a host has auth).
 HOST_FILES = ("dhchap_key", "dhchap_ctrl_key", "dhchap_hash", "dhchap_dhgroup")
@@ -85,5 +91,12 @@ def plan_host_auth(pools: list[TargetPool], live: Tree,
                      "dhchap_dhgroup": host.auth.dhgroup}
             if ctrl is not None:
                 attrs["dhchap_ctrl_key"] = ctrl.text
+            if (host.nqn not in out.attrs and lhost is not None
+                    and len(live_keys) == 2 and "dhchap_ctrl_key" in attrs
+                    and all(lhost.attrs[f] != attrs[f] for f in live_keys)):
+                log.warning("both DH-HMAC-CHAP secrets of a host change at once: its live "
+                            "controllers reconnect once when its GPU host applies; rotate "
+                            "one secret at a time to keep them live",
+                            pool=pool.name, host=host.name, hostnqn=host.nqn)
             out.attrs[host.nqn] = attrs
     return out

@@ -2,30 +2,43 @@
 side on the same VM over NVMe/TCP on 127.0.0.1.
 
 - The fake's 6.12 profile matches the running kernel (attribute sets and defaults).
-- A pool whose host has a host secret and a controller secret (bidirectional, SHA-512,
-  ffdhe2048): one apply connects with them, the next changes nothing, data round-trips.
-- Rotation: new secret files, one apply: nvmet has the new secrets, the live controller
-  got them without a disconnect (same controller), and a controller reset (a fresh
-  authentication) succeeds with them.
+- A pool with two host identities: ours with a host secret and a controller secret
+  (bidirectional, SHA-512, ffdhe2048), another with a secret of its own. One apply
+  connects with ours, the next changes nothing, data round-trips; the other identity
+  with a wrong secret, or none, is refused by the kernel while ours stays live.
+- Rotation during O_DIRECT reads: the host secret alone, then the controller secret
+  alone: one apply each, the kernel re-authenticates the same controller with the new
+  secret, live in every 20 ms sample, 0 read errors. Both at once: warned about, the
+  controller reconnects once and comes back live, reads wait (0 errors).
+- A controller reset (a fresh authentication) succeeds with the new secrets.
 - Turning auth off for a host with a secret is refused; the connection stays.
-- A wrong secret and no secret are refused by the kernel, and kvagent says what to check.
+- A wrong secret and no secret through kvagent's connect: refused, and it says what to
+  check.
 """
 
 from __future__ import annotations
 
+import errno
+import io
+import mmap
+import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from agent.dhchap import generate, read_secret, write_secret
 from agent.initiator.nvmecli import FabricsOptions, NvmeCli, PermanentConnectError
+from agent.log import configure_logging
 from agent.naming import subsystem_nqn
+from agent.result import RunResult
 from nvmet.fake import KERNEL_6_12, profile_problems
 
 from . import kit
 from .capture_profile import capture
 from .crash import ci_log
-from .pools import Lab, assert_converged, assert_ok, mount_tmpfs, umount_all_under
+from .pools import Lab, StateWatcher, assert_converged, assert_ok, mount_tmpfs, umount_all_under
 
 pytestmark = [pytest.mark.kernel(group="kernel-6.12", kernel="6.12.117+deb13-amd64"),
               pytest.mark.second_kernel]
@@ -42,7 +55,11 @@ def lab(tmp_path: Path):
     kit.force_clean()
 
 
-def write_config(lab: Lab, *, target_auth: str, initiator_auth: str) -> None:
+OTHER = "nqn.2014-08.org.nvmexpress:uuid:5b9e2f40-8c1d-4e7a-9f3b-2d6c0a1e4b7f"
+
+
+def write_config(lab: Lab, *, target_auth: str, initiator_auth: str,
+                 other_auth: str = "") -> None:
     lab.write(f"""
 version: 1
 node: {{name: lab, nqn_prefix: {PREFIX}, state_dir: {lab.state}, run_dir: {lab.root}/run}}
@@ -54,7 +71,8 @@ target:
       namespaces: {{count: 1, size: 64MiB}}
       ports: [p]
       shared: true
-      hosts: [{{name: lab, nqn: "{lab.hostnqn}"{target_auth}}}]
+      hosts: [{{name: lab, nqn: "{lab.hostnqn}"{target_auth}}},
+              {{name: other, nqn: "{OTHER}"{other_auth}}}]
 initiator:
   device_wait: 60s
   pools:
@@ -65,21 +83,102 @@ initiator:
 """)
 
 
+class Reads:
+    """O_DIRECT reads of a device in a thread, 1 MiB at a time, until stopped: counts
+    reads and errors (a read that waits for a reconnect is not an error)."""
+
+    def __init__(self, device: str):
+        self.device, self.reads, self.errors = device, 0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        buf = mmap.mmap(-1, 1 << 20)
+        fd = os.open(self.device, os.O_RDONLY | os.O_DIRECT)
+        try:
+            size = os.lseek(fd, 0, os.SEEK_END)
+            offset = 0
+            while not self._stop.is_set():
+                try:
+                    os.preadv(fd, [buf], offset)
+                    self.reads += 1
+                except OSError as exc:
+                    self.errors.append(exc.errno)
+                offset = (offset + len(buf)) % size
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> Reads:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=120)
+        assert not self._thread.is_alive(), "a read never returned"
+
+
+def kernel_connect(hostnqn: str, subnqn: str, secret: str | None) -> int:
+    """Connect through /dev/nvme-fabrics as ``hostnqn`` (nvme-cli 2.3 turns a second
+    identity on one subsystem and port away before the kernel sees it): 0 or the errno."""
+    opts = (f"transport=tcp,traddr=127.0.0.1,trsvcid=4420,nqn={subnqn},hostnqn={hostnqn},"
+            f"hostid={hostnqn.rsplit(':', 1)[1]}")  # the default hostid is another NQN's
+    if secret:
+        opts += f",dhchap_secret={secret}"
+    fd = os.open("/dev/nvme-fabrics", os.O_RDWR)
+    try:
+        os.write(fd, opts.encode())
+    except OSError as exc:
+        return exc.errno or -1
+    finally:
+        os.close(fd)
+    return 0
+
+
+def rotate(lab: Lab, ctrl: Path, device: str) -> tuple[RunResult, set[str], Reads, str]:
+    """One apply during O_DIRECT reads with the controller's state sampled every 20 ms;
+    the apply's log output too."""
+    out = io.StringIO()
+    configure_logging(0, stream=out)
+    try:
+        with Reads(device) as reads, StateWatcher([ctrl.name], interval=0.02) as states:
+            time.sleep(0.5)
+            result = lab.apply()
+            kit.wait_for(lambda: kit.read(ctrl / "state") == "live", 60, what="live")
+            before = reads.reads
+            kit.wait_for(lambda: reads.reads > before + 4, 60, what="reads after the apply")
+    finally:
+        configure_logging()
+    return result, states.seen[ctrl.name], reads, out.getvalue()
+
+
+def reauths(since: int) -> list[str]:
+    """The kernel's re-authentication messages after dmesg line ``since``."""
+    lines = kit.sh("dmesg").stdout.splitlines()[since:]
+    return [line for line in lines if "re-authenticating" in line or "authenticated" in line]
+
+
+def dmesg_lines() -> int:
+    return len(kit.sh("dmesg").stdout.splitlines())
+
+
 def test_the_fakes_6_12_profile_is_the_running_kernels() -> None:
     assert kit.read("/proc/sys/kernel/osrelease").startswith("6.12")
     assert profile_problems(KERNEL_6_12, capture()) == []
 
 
-def test_dhchap_attach_rotate_and_refusals(lab: Lab) -> None:
+def test_dhchap_two_identities_rotation_under_reads_and_refusals(lab: Lab) -> None:
     keys = lab.root / "keys"
     keys.mkdir(mode=0o700)
-    host_key, ctrl_key = str(keys / "host.key"), str(keys / "ctrl.key")
-    write_secret(host_key, generate())
-    write_secret(ctrl_key, generate())
+    host_key, ctrl_key, other_key = (str(keys / n) for n in ("host.key", "ctrl.key",
+                                                               "other.key"))
+    for path in (host_key, ctrl_key, other_key):
+        write_secret(path, generate())
     with_auth = dict(
         target_auth=f", auth: {{key_file: {host_key}, ctrl_key_file: {ctrl_key}, "
                     "hash: sha512, dhgroup: ffdhe2048}",
-        initiator_auth=f"\n      auth: {{key_file: {host_key}, ctrl_key_file: {ctrl_key}}}")
+        initiator_auth=f"\n      auth: {{key_file: {host_key}, ctrl_key_file: {ctrl_key}}}",
+        other_auth=f", auth: {{key_file: {other_key}}}")
     write_config(lab, **with_auth)
     nqn = subsystem_nqn(PREFIX, "lab", "sec", None)
     host = NVMET / "hosts" / lab.hostnqn
@@ -88,6 +187,7 @@ def test_dhchap_attach_rotate_and_refusals(lab: Lab) -> None:
     assert_ok(first)
     assert kit.read(host / "dhchap_key") == read_secret(host_key).text
     assert kit.read(host / "dhchap_hash") == "hmac(sha512)"
+    assert kit.read(NVMET / "hosts" / OTHER / "dhchap_key") == read_secret(other_key).text
     [ctrl] = kit.controllers_for(nqn)
     assert kit.read(ctrl / "state") == "live"
     assert kit.read(ctrl / "dhchap_secret") == read_secret(host_key).text
@@ -97,33 +197,61 @@ def test_dhchap_attach_rotate_and_refusals(lab: Lab) -> None:
     kit.odirect_roundtrip(device)
     assert_converged(lab.apply())
     ci_log(f"auth: bidirectional DH-HMAC-CHAP (sha512, ffdhe2048) connect on "
-               f"{kit.read('/proc/sys/kernel/osrelease')}")
+           f"{kit.read('/proc/sys/kernel/osrelease')}")
 
-    # Rotation: both files get new secrets; one apply, no disconnect.
+    # The other identity: a wrong secret and no secret are refused by the kernel.
+    assert kernel_connect(OTHER, nqn, generate().text) == errno.EKEYREJECTED
+    assert kernel_connect(OTHER, nqn, None) == errno.ENOKEY
+    assert [c.name for c in kit.controllers_for(nqn)] == [ctrl.name]
+    assert kit.read(ctrl / "state") == "live"
+
+    # Rotation of one secret at a time during reads: live in every sample, 0 errors.
+    for path, attr in ((host_key, "dhchap_secret"), (ctrl_key, "dhchap_ctrl_secret")):
+        write_secret(path, generate(), replace=True)
+        since = dmesg_lines()
+        result, seen, reads, logged = rotate(lab, ctrl, device)
+        assert_ok(result)
+        assert seen == {"live"}, f"{attr}: states seen {seen}"
+        assert reads.errors == [] and reads.reads > 0, reads.errors
+        assert kit.read(ctrl / attr) == read_secret(path).text
+        assert [c.name for c in kit.controllers_for(nqn)] == [ctrl.name]
+        said = reauths(since)
+        assert any(f"{ctrl.name}: re-authenticating" in line for line in said), said
+        assert any(f"{ctrl.name}: qid 0: controller authenticated" in line
+                   for line in said), said
+        assert "at once" not in logged and read_secret(path).text not in logged
+        ci_log(f"auth: {attr} rotated during O_DIRECT reads: {reads.reads} reads, "
+               f"0 errors, states {sorted(seen)} (20 ms samples)")
+
+    # Both at once: warned about; one reconnect, reads wait for it, 0 errors.
     write_secret(host_key, generate(), replace=True)
     write_secret(ctrl_key, generate(), replace=True)
-    rotated = lab.apply()
-    assert_ok(rotated)
-    assert kit.read(host / "dhchap_key") == read_secret(host_key).text
-    assert kit.read(host / "dhchap_ctrl_key") == read_secret(ctrl_key).text
-    assert [c.name for c in kit.controllers_for(nqn)] == [ctrl.name]  # the same controller
+    result, seen, reads, logged = rotate(lab, ctrl, device)
+    assert_ok(result)
+    assert "both DH-HMAC-CHAP secrets of a host change at once" in logged
+    assert "both DH-HMAC-CHAP secrets changed at once" in logged
+    assert reads.errors == [], reads.errors
+    assert [c.name for c in kit.controllers_for(nqn)] == [ctrl.name]
     assert kit.read(ctrl / "dhchap_secret") == read_secret(host_key).text
-    assert kit.wait_for(lambda: kit.read(ctrl / "state") == "live", 30, what="live")
-    kit.odirect_roundtrip(device)
-    kit.write(ctrl / "reset_controller", "1")  # a fresh authentication, with the new secrets
+    assert kit.read(ctrl / "dhchap_ctrl_secret") == read_secret(ctrl_key).text
+    ci_log(f"auth: both secrets rotated at once during O_DIRECT reads: {reads.reads} reads, "
+           f"0 errors, states {sorted(seen)}")
+
+    # A fresh authentication (controller reset) with the new secrets.
+    kit.write(ctrl / "reset_controller", "1")
     kit.wait_for(lambda: kit.read(ctrl / "state") == "live", 60, what="live after a reset")
     kit.odirect_roundtrip(device)
     assert_converged(lab.apply())
 
     # Turning auth off for this host: refused, nothing changed, still connected.
-    write_config(lab, target_auth="", initiator_auth="")
+    write_config(lab, target_auth="", initiator_auth="",
+                 other_auth=with_auth["other_auth"])
     off = lab.apply()
     assert any("cannot remove a secret" in e.message for e in off.errors), off.errors
     assert kit.read(host / "dhchap_key") == read_secret(host_key).text
     assert kit.read(ctrl / "state") == "live"
 
-    # A wrong secret and no secret: refused by the kernel, explained by kvagent (with the
-    # controller gone: a second one of the same host identity is turned away first).
+    # A wrong secret and no secret through kvagent's connect: refused and explained.
     kit.sh("nvme", "disconnect", "-n", nqn)
     kit.wait_for(lambda: not kit.controllers_for(nqn), 30, what="the controller to go")
     cli = NvmeCli()

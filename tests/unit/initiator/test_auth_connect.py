@@ -51,6 +51,52 @@ def test_a_new_secret_reaches_live_controllers_without_a_reconnect(tmp_path: Pat
     assert sysfs.controller_secret("nvme2", "dhchap_ctrl_secret") is None
 
 
+K3 = "DHHC-1:00:3b3wpeqC0k5hSDWVXjA6/cPe1ekOE6iDMgEeYRJZrEC6Ox7x:"
+
+
+def _recording(sysfs: Sysfs) -> list[str]:
+    """Record the attribute of every secret write (the kernel re-authenticates on each)."""
+    writes: list[str] = []
+    real = sysfs.set_controller_secret
+
+    def record(name: str, attr: str, secret: str) -> None:
+        writes.append(attr)
+        real(name, attr, secret)
+    sysfs.set_controller_secret = record  # type: ignore[method-assign]
+    return writes
+
+
+def test_a_rotation_of_both_secrets_writes_the_controller_secret_first_and_warns(
+        tmp_path: Path) -> None:
+    fake = FakeSysfs(tmp_path)
+    kernel = FakeKernel(fake)
+    fake.add_controller(2, subsysnqn=NQN, hostnqn=HOST, hostid=HOSTID,
+                        address="traddr=10.0.0.1,trsvcid=4420,src_addr=10.0.0.7",
+                        dhchap_secret=K1, dhchap_ctrl_secret=K2)
+    sysfs = Sysfs(tmp_path)
+    writes = _recording(sysfs)
+    out = io.StringIO()
+    configure_logging(0, stream=out)
+    try:
+        # One secret: one write, no warning (the kernel's re-auth keeps it live).
+        assert connect(auth_target(K3, K2), cli=kernel.cli, sysfs=sysfs,
+                       sleep=lambda s: None).changed
+        assert writes == ["dhchap_secret"] and "at once" not in out.getvalue()
+        # Both: the controller secret first (a reconnect in between is refused at once,
+        # not left waiting), and the operator is told the controller reconnects.
+        writes.clear()
+        assert connect(auth_target(K1, K3), cli=kernel.cli, sysfs=sysfs,
+                       sleep=lambda s: None).changed
+    finally:
+        configure_logging()
+    assert writes == ["dhchap_ctrl_secret", "dhchap_secret"]
+    assert "both DH-HMAC-CHAP secrets changed at once" in out.getvalue()
+    assert K1 not in out.getvalue() and K3 not in out.getvalue()
+    assert sysfs.controller_secret("nvme2", "dhchap_secret") == K1
+    assert sysfs.controller_secret("nvme2", "dhchap_ctrl_secret") == K3
+    assert kernel.runner.ran("nvme", "connect") == []
+
+
 def test_runner_logs_never_show_secrets() -> None:
     assert shown(["nvme", "connect", "--dhchap-secret", K1, f"--dhchap-ctrl-secret={K2}",
                   "--nqn", NQN]) == ["nvme", "connect", "--dhchap-secret", "<secret>",

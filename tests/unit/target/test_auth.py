@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.dhchap import generate, read_secret, write_secret
+from agent.log import configure_logging
 from nvmet.fake import KERNEL_6_1, KERNEL_6_12, FakeConfigFS
 
 from .helpers import H1, H2, Target, config, file_pool
@@ -64,6 +66,28 @@ def test_a_rotated_key_file_is_written_alone(tmp_path: Path) -> None:
     assert rotated.ok and rotated.configfs_writes == 1
     assert target.fs.read(f"hosts/{H1}/dhchap_key") == read_secret(key).text
     assert target.ops("write")[-1] == ("write", f"hosts/{H1}/dhchap_key")
+
+
+def test_rotating_both_secrets_at_once_warns_that_controllers_reconnect(
+        tmp_path: Path) -> None:
+    key, ctrl = keyed(tmp_path, "h1.key"), keyed(tmp_path, "c1.key")
+    target = on_612(tmp_path)
+    cfg = config(tmp_path, [auth_pool(tmp_path, ctrl=True)])
+    assert target.run(cfg).ok
+    out = io.StringIO()
+    configure_logging(0, stream=out)
+    try:
+        write_secret(ctrl, generate(), replace=True)  # one secret: no warning
+        assert target.run(cfg).configfs_writes == 1
+        assert "at once" not in out.getvalue()
+        write_secret(key, generate(), replace=True)
+        write_secret(ctrl, generate(), replace=True)
+        both = target.run(cfg)
+    finally:
+        configure_logging()
+    assert both.ok and both.configfs_writes == 2
+    assert "both DH-HMAC-CHAP secrets of a host change at once" in out.getvalue()
+    assert read_secret(key).text not in out.getvalue()
 
 
 def test_bad_or_missing_secret_fails_that_pool_alone(tmp_path: Path) -> None:

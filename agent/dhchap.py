@@ -22,6 +22,7 @@ import hashlib
 import os
 import stat
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import KvagentError
@@ -102,6 +103,12 @@ def _file_problem(path: str, st: os.stat_result) -> str | None:
 def read_secret(path: str) -> Secret:
     """The secret in ``path``, checked (file and format); :class:`KvagentError` naming
     the file and what is wrong, never the secret."""
+    return read_secret_file(path, secret_problem)
+
+
+def read_secret_file(path: str, problem_of: Callable[[str], str | None]) -> Secret:
+    """The secret in ``path``: the file checked (regular, root's, mode 0600, not a
+    symlink) and its text by ``problem_of``; errors name the file, never the secret."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -122,7 +129,7 @@ def read_secret(path: str) -> Secret:
         text = data.decode("ascii").strip()
     except UnicodeDecodeError:
         text = ""
-    problem = secret_problem(text)
+    problem = problem_of(text)
     if problem is not None:
         raise KvagentError(f"secret file {path} {problem}",
                            "make one with kvagent keys generate, or copy the whole line")

@@ -802,7 +802,32 @@ class FakeConfigFS:
         parts = self._parts(path)
         if self.is_enabled_port(parts[1]):
             raise _err(E.EACCES, path)
+        if "addr_tsas" in port.children:
+            return self._store_port_security(port, path, name, value)
         return self._store_address(path, name, value)
+
+    def _store_port_security(self, port: _Dir, path: str, name: str, value: str) -> str | None:
+        """NVMe/TCP TLS (6.12): writing trtype resets tsas; tsas is TCP-only and sets
+        treq (tls1.3: required unless set; none: not specified); treq 'not specified' is
+        refused under TLS."""
+        kids = port.children
+        word = value.strip()
+        if name == "addr_tsas":
+            if kids["addr_trtype"].value != "tcp" or word not in ("none", "tls1.3"):
+                raise _err(E.EINVAL, path)
+            treq = kids["addr_treq"]
+            if word == "none":
+                treq.value = "not specified"
+            elif treq.value == "not specified":
+                treq.value = "required"
+            return word
+        if (name == "addr_treq" and kids["addr_tsas"].value == "tls1.3"
+                and value.rstrip("\n") == "not specified"):
+            raise _err(E.EINVAL, path)
+        stored = self._store_address(path, name, value)
+        if name == "addr_trtype":
+            kids["addr_tsas"].value = "none" if stored == "tcp" else "reserved"
+        return stored
 
     def _store_referral(self, ref: _Dir, path: str, name: str, value: str) -> str | None:
         if name == "enable":

@@ -37,8 +37,10 @@ NS_DISABLED_ONLY = frozenset({
     "device_path", "device_uuid", "device_nguid", "buffered_io", "resv_enable", "p2pmem",
 })
 #: Order in which a port's (or referral's) address attributes are written: trtype first,
-#: because the kernel resets tsas when trtype is written.
-ADDR_ORDER = ("trtype", "adrfam", "traddr", "trsvcid", "treq", "tsas", "portid")
+#: because the kernel resets tsas when trtype is written; tsas before treq, because
+#: writing tsas sets treq (TLS: required; none: not specified) and treq 'not specified'
+#: is refused while tsas is tls1.3.
+ADDR_ORDER = ("trtype", "adrfam", "traddr", "trsvcid", "tsas", "treq", "portid")
 
 _TRUE = {"1", "y", "yes", "true", "on"}
 _FALSE = {"0", "n", "no", "false", "off"}

@@ -38,6 +38,8 @@ GUEST_TIMEOUT = int(os.environ.get("KVAGENT_VM_TIMEOUT", "2400"))
 #: VMs that run at once. A TCG guest keeps about one host core busy (the tests in it
 #: run one thing at a time), so two groups at once use a 2-core machine fully.
 PARALLEL = max(1, int(os.environ.get("KVAGENT_VM_PARALLEL", "2")))
+#: Seconds one guest test may run before its threads' stacks are dumped.
+FAULTHANDLER_TIMEOUT = int(os.environ.get("KVAGENT_VM_FAULTHANDLER", "900"))
 
 
 class Slots:
@@ -191,7 +193,10 @@ class KernelTier:
         log = out / "guest.log"
         python = str(REPO / ".venv/bin/python") if (REPO / ".venv/bin/python").exists() \
             else sys.executable
+        # A test that hangs dumps every thread's stack to the console log (once; it
+        # goes on running until the group's timeout).
         inner = [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA",
+                 "-o", f"faulthandler_timeout={FAULTHANDLER_TIMEOUT}",
                  "--kv-guest-report", str(report), *[i.nodeid for i in items]]
         kernel = kernel_of(items)
         lines = [f"[kernel tier] group {group!r} ({len(items)} tests); guest log: {log}"]

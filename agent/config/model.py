@@ -14,7 +14,9 @@ from typing import Literal
 from nvmet.nqn import NQN_MAX_BYTES
 
 from ..dhchap import secret_file_problem
+from ..errors import KvagentError
 from ..naming import subsystem_nqn
+from ..tlspsk import read_psk
 from .build import doc_field, duplicates
 from .types import (
     NQN,
@@ -106,6 +108,14 @@ class PortConfig:
         "param_inline_data_size in bytes (default: the kernel's).", None, minimum=0,
         maximum=1048576,
     )
+    tls: Literal["none", "required"] = doc_field(
+        "NVMe/TCP TLS 1.3 on this port (addr_tsas, addr_treq): 'required' refuses every "
+        "connection without TLS (discovery too); each host of its pools needs tls.key_file, "
+        "and tlshd must run. Needs CONFIG_NVME_TARGET_TCP_TLS (Debian 13's 6.12).", "none")
+
+    def check(self) -> Check:
+        if self.tls != "none" and self.transport != "tcp":
+            yield ("tls",), f"TLS is for NVMe/TCP ports; port {self.name} is {self.transport}"
 
 
 DhchapHash = Literal["sha256", "sha384", "sha512"]
@@ -140,6 +150,26 @@ class HostAuth:
         yield from _secret_files(key_file=self.key_file, ctrl_key_file=self.ctrl_key_file)
 
 
+def _psk_file(path: str) -> Check:
+    try:
+        read_psk(path)
+    except KvagentError as exc:
+        yield ("key_file",), exc.message.replace(f"secret file {path} ", f"{path} ", 1)
+
+
+@dataclass(frozen=True)
+class TlsPsk:
+    """NVMe/TCP TLS for one GPU host and a pool: the pre-shared key both hosts hold."""
+
+    key_file: AbsPath = doc_field(
+        "File holding the TLS pre-shared key (NVMeTLSkey-1, made by kvagent keys generate "
+        "--tls; owned by root, mode 0600): the storage host's entry for this host and the "
+        "GPU host's initiator pool name files with the same key.")
+
+    def check(self) -> Check:
+        yield from _psk_file(self.key_file)
+
+
 @dataclass(frozen=True)
 class InitiatorAuth:
     """DH-HMAC-CHAP secrets this GPU host presents when it connects to a pool."""
@@ -165,6 +195,9 @@ class TargetHost:
         "DH-HMAC-CHAP for this host (default: none; the NQN alone admits it). A host NQN "
         "in several pools must have the same auth in each (nvmet keeps one per host).",
         None)
+    tls: TlsPsk | None = doc_field(
+        "TLS pre-shared key of this host for this pool (needed when the pool is on a port "
+        "with tls: required; default: none).", None)
 
 
 @dataclass(frozen=True)
@@ -329,6 +362,14 @@ class TargetConfig:
                     yield ("pools", i, "ports", j), (
                         f"unknown port {ref!r} (defined ports: {', '.join(port_names) or 'none'})"
                     )
+        tls_ports = {p.name for p in self.ports if p.tls != "none"}
+        for i, pool in enumerate(self.pools):
+            on_tls = sorted(tls_ports & set(pool.ports))
+            for j, host in enumerate(pool.hosts if on_tls else ()):
+                if host.tls is None:
+                    yield ("pools", i, "hosts", j, "tls"), (
+                        f"pool {pool.name} is exported on TLS port {on_tls[0]}: host "
+                        f"{host.name} needs tls.key_file (its pre-shared key)")
         auths: dict[str, tuple[HostAuth | None, int, int]] = {}
         for i, pool in enumerate(self.pools):
             for j, host in enumerate(pool.hosts):
@@ -439,6 +480,9 @@ class InitiatorPool:
     engines: tuple[EngineConfig, ...] = doc_field("Engines that use this pool.", ())
     auth: InitiatorAuth | None = doc_field(
         "DH-HMAC-CHAP secrets to connect with (default: none).", None)
+    tls: TlsPsk | None = doc_field(
+        "Connect (and discover) with NVMe/TCP TLS 1.3 using this pre-shared key (default: "
+        "none). Needs tlshd running and nvme-cli 2.4 or later.", None)
 
     def check(self) -> Check:
         if not self.targets:
@@ -458,6 +502,9 @@ class InitiatorPool:
                 yield ("mount_options", i), f"{opt!r} must be one option without ',' or spaces"
         if self.shared and self.engines:
             yield ("engines",), "engines need a filesystem; a shared (raw-block) pool has none"
+        for i, t in enumerate(self.targets if self.tls else ()):
+            if t.transport != "tcp":
+                yield ("targets", i, "transport"), "TLS (tls:) is for NVMe/TCP targets"
         if self.shared and self.layout != "per-namespace":
             yield ("layout",), "a shared (raw-block) pool has no filesystem to stripe"
         caps = [e.capacity for e in self.engines if e.capacity is not None]

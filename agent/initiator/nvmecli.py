@@ -180,6 +180,8 @@ class FabricsOptions:
     #: DH-HMAC-CHAP secrets (DHHC-1 text); never shown (repr, logs: agent.system.run.shown).
     dhchap_secret: str | None = field(default=None, repr=False)
     dhchap_ctrl_secret: str | None = field(default=None, repr=False)
+    #: NVMe/TCP TLS 1.3 (the PSK is looked up in the .nvme keyring by the kernel).
+    tls: bool = False
 
     @classmethod
     def from_config(cls, cfg: Any) -> FabricsOptions:
@@ -213,6 +215,8 @@ class FabricsOptions:
                             ("--dhchap-ctrl-secret", self.dhchap_ctrl_secret)):
             if value is not None:
                 out += [flag, str(value)]
+        if self.tls:
+            out.append("--tls")
         return out
 
 
@@ -496,8 +500,18 @@ def classify_connect_failure(result: CommandResult, kernel: Sequence[str] = (),
             or err == errno.EALREADY:
         return AlreadyConnected(f"nvme {what}: already connected", result=result,
                                 kernel=kernel, errno_name="EALREADY")
+    if "unrecognized option '--tls'" in out:
+        return PermanentConnectError(
+            f"nvme {what}: this host's nvme-cli has no --tls (NVMe/TCP TLS)",
+            "TLS needs nvme-cli 2.4 or later (Debian 13 has 2.13; Debian 12's 2.3 has no "
+            "TLS), or remove tls from this initiator pool", result=result, kernel=kernel)
     name = errno.errorcode.get(err) if err is not None else None
     message = f"nvme {what} failed: {detail}"
+    if "--tls" in result.argv and err == errno.ENOKEY:
+        return PermanentConnectError(
+            message, "no TLS pre-shared key for this host and subsystem in the .nvme "
+            "keyring (kvagent puts it there from tls.key_file before connecting: see "
+            "/proc/keys)", result=result, kernel=kernel, errno_name=name)
     if reason:
         message += f"; kernel: {reason}"
     if status is not None and status >= 0:
@@ -513,6 +527,10 @@ def classify_connect_failure(result: CommandResult, kernel: Sequence[str] = (),
     if err in _TRANSIENT_ERRNOS:
         return TransientConnectError(message, _hint(None, err), result=result, kernel=kernel,
                                      errno_name=name)
+    if any("authentication failed" in line for line in kernel):
+        # A rejected DH-HMAC-CHAP secret: EKEYREJECTED, or EIO when the target drops the
+        # connection before the host has read its verdict (seen on 6.12 under load).
+        err = errno.EKEYREJECTED
     return PermanentConnectError(message, _hint(None, err), result=result, kernel=kernel,
                                  errno_name=name)
 
@@ -529,6 +547,9 @@ def _hint(status: int | None, err: int | None) -> str:
         errno.ENETUNREACH: "no route to the target address from this host",
         errno.EHOSTUNREACH: "no route to the target address from this host",
         errno.ETIMEDOUT: "the target did not answer in time",
+        errno.ECONNRESET: "the target dropped the connection: a port with TLS required "
+                          "drops one that does not start TLS (give this pool tls.key_file), "
+                          "or the target went away",
         errno.EINVAL: "the kernel rejected the connect options; see the kernel line",
         errno.ENODEV: "load the transport module (modprobe nvme-tcp / nvme-rdma)",
         errno.ENOENT: "load nvme-fabrics (modprobe nvme-fabrics)",
@@ -654,12 +675,13 @@ class NvmeCli:
     def discover(self, transport: str, traddr: str, trsvcid: str | int, *,
                  hostnqn: str | None = None, hostid: str | None = None,
                  host_traddr: str | None = None,
-                 host_iface: str | None = None) -> list[DiscoveryEntry]:
-        """The discovery log of ``traddr:trsvcid`` as this host (it lists only what we may use)."""
+                 host_iface: str | None = None, tls: bool = False) -> list[DiscoveryEntry]:
+        """The discovery log of ``traddr:trsvcid`` as this host (it lists only what we may
+        use); ``tls``: over NVMe/TCP TLS (a port with TLS required asks it of discovery)."""
         argv = [NVME, "discover", "--transport", transport, "--traddr", traddr,
                 "--trsvcid", str(trsvcid), *self._host_args(hostnqn, hostid, host_traddr,
                                                             host_iface),
-                "--output-format", "json"]
+                *(["--tls"] if tls else []), "--output-format", "json"]
         result = self._fabrics(argv, "discover")
         return parse_discover(result.stdout)
 

@@ -35,8 +35,10 @@ from ..log import get_logger
 from ..naming import filesystem_uuid, parse_subsystem_nqn
 from ..records import AttachedDevice, InitiatorRecords, PoolAttachment, SubsystemPath
 from ..result import ActionRecord, RunResult
+from ..system.keyring import DISCOVERY_NQN, TLSHD_HINT, PskKeyring, tlshd_running
 from ..system.modules import ensure_modules
 from ..system.run import Runner
+from ..tlspsk import read_psk
 from .connect import Target, connect, disconnect_controllers, find_controllers, pool_entries
 from .devices import NamespaceDevice, wait_for_namespaces
 from .filesystem import (
@@ -267,8 +269,11 @@ class InitiatorPass:
             if t.subsystem:
                 found.append(Attachment(t.subsystem, t.transport, t.address, str(t.service)))
                 continue
+            if pool.tls is not None:
+                self._tls_psk(pool, hostnqn, DISCOVERY_NQN)
             entries = self.cli.discover(t.transport, t.address, str(t.service),
-                                        hostnqn=hostnqn, hostid=hostid)
+                                        hostnqn=hostnqn, hostid=hostid,
+                                        tls=pool.tls is not None)
             mine = pool_entries(entries, self.cfg.node.nqn_prefix, pool.name,
                                 host=self.cfg.node.name)
             if not mine:
@@ -281,6 +286,21 @@ class InitiatorPass:
             for e in sorted(mine, key=lambda e: e.subnqn):
                 found.append(Attachment(e.subnqn, t.transport, t.address, str(t.service)))
         return found
+
+    def _tls_psk(self, pool: InitiatorPool, hostnqn: str, subsysnqn: str) -> None:
+        """The pool's TLS PSK in the ``.nvme`` keyring for ``subsysnqn`` (inserted where
+        missing or rotated); tlshd must run for the handshake."""
+        assert pool.tls is not None
+        if not tlshd_running():
+            raise KvagentError(f"pool {pool.name} connects with TLS, but tlshd (the TLS "
+                               "handshake daemon) is not running", TLSHD_HINT)
+        psk = read_psk(pool.tls.key_file)
+        keyring = PskKeyring(self.runner, self.cfg.node.state_dir)
+        if keyring.missing(psk, hostnqn, subsysnqn):
+            if not self.dry_run:
+                keyring.insert(psk, hostnqn, subsysnqn)
+            self._act(pool.name, "tls-psk", f"{hostnqn} {subsysnqn}",
+                      f"TLS PSK {psk.fingerprint} into the .nvme keyring")
 
     def _check_shared(self, pool: InitiatorPool, attachments: list[Attachment]) -> None:
         for a in attachments:
@@ -313,7 +333,9 @@ class InitiatorPass:
                 log.warning(warning, pool=pool.name)
         record = PoolAttachment(hostnqn, pool.layout, pool.shared)
         box.append(record)
-        options = with_secrets(FabricsOptions.from_config(pool.connect), pool)
+        options = dataclasses.replace(
+            with_secrets(FabricsOptions.from_config(pool.connect), pool),
+            tls=pool.tls is not None)
         wait = self.cfg.initiator.device_wait if self.cfg.initiator else 30.0
         connected: dict[str, list[Controller]] = {}
         path_errors: list[tuple[str, ConnectError]] = []
@@ -326,6 +348,8 @@ class InitiatorPass:
                 self._act(pool.name, "attach", pool.mount,
                           "find namespaces, make xfs if blank, mount, probe, engines")
                 return None
+            if pool.tls is not None:
+                self._tls_psk(pool, hostnqn, a.subsysnqn)
             # Recorded before connecting: a kill right after the connect must not leave a
             # controller that a later detach cannot find.
             record.subsystems.append(a)

@@ -28,8 +28,8 @@ DEFAULT_TIMEOUT = 60.0
 KILL_GRACE = 5.0
 
 
-#: Options whose value is a secret (DH-HMAC-CHAP): never logged or shown.
-SECRET_OPTIONS = ("--dhchap-secret", "--dhchap-ctrl-secret")
+#: Options whose value is a secret (DH-HMAC-CHAP, a TLS PSK): never logged or shown.
+SECRET_OPTIONS = ("--dhchap-secret", "--dhchap-ctrl-secret", "--keydata")
 
 
 def shown(args: Sequence[str]) -> list[str]:

@@ -64,15 +64,20 @@ def export_pool(cfg: Config, pool: TargetPool, hosts: Iterable[str | None],
                       tuple(sorted({h.nqn for h in pool.hosts})) if subsystems else ())
 
 
-def desired_port(port: PortConfig, subsystems: Iterable[str]) -> Port:
-    """The nvmet port for a configured port, linking ``subsystems``."""
+def desired_port(port: PortConfig, subsystems: Iterable[str], tsas: bool = False) -> Port:
+    """The nvmet port for a configured port, linking ``subsystems``. ``tsas``: the kernel
+    has NVMe/TCP TLS (addr_tsas), so a TCP port without TLS says so too (TLS turned off
+    is then written, not left as it was)."""
     params = {}
     if port.inline_data_size is not None:
         params["inline_data_size"] = port.inline_data_size
-    return Port(id=port.id,
-                addr={"trtype": port.transport, "adrfam": IPAddress(port.address).family,
-                      "traddr": port.address, "trsvcid": str(port.service)},
-                params=params, subsystems=frozenset(subsystems))
+    addr = {"trtype": port.transport, "adrfam": IPAddress(port.address).family,
+            "traddr": port.address, "trsvcid": str(port.service)}
+    if port.tls == "required":
+        addr |= {"tsas": "tls1.3", "treq": "required"}
+    elif tsas and port.transport == "tcp":
+        addr |= {"tsas": "none", "treq": "not specified"}
+    return Port(id=port.id, addr=addr, params=params, subsystems=frozenset(subsystems))
 
 
 def desired_hosts(nqns: Iterable[str],

@@ -36,13 +36,16 @@ from ..log import get_logger
 from ..naming import parse_subsystem_nqn
 from ..records import SCHEMA, Binding, Storage, TargetRecords
 from ..result import ActionRecord, RunResult
+from ..system.keyring import DISCOVERY_NQN, PskKeyring
 from ..system.modules import ensure_modules
 from ..system.run import Runner
+from ..tlspsk import read_psk
 from .auth import HOST_FILES, SECRET_FILES, plan_host_auth, wants_auth
 from .backings import driver_for
 from .backings.base import BackingPlan, PassContext, Volume
 from .desired import pool_layout, pool_nqn
 from .export import desired_hosts, desired_port, export_pool
+from .tls import on_tls_port, tls_errors, wants_tls
 from .usage import device_usage
 
 #: What one round of configfs writes may take, on top of ``target.address_wait``.
@@ -72,7 +75,8 @@ def base_spec(cfg: Config, feats: nvmet.Features | None) -> nvmet.ReadSpec:
                             device_nguid=_TEMPLATE_ID, enable=True, buffered_io=False)
     sub = Subsystem(nqn=_TEMPLATE_NQN, attrs={"allow_any_host": False},
                     namespaces=[template_ns])
-    ports = [desired_port(pc, ()) for pc in cfg.target.ports] if cfg.target else []
+    tsas = bool(feats is not None and feats.tsas)
+    ports = [desired_port(pc, (), tsas) for pc in cfg.target.ports] if cfg.target else []
     # Every host's secrets (are they set?) where the kernel has them (features drop them
     # elsewhere): turning auth off is refused, not silently ignored.
     host = Host(nqn=_TEMPLATE_NQN, attrs=dict.fromkeys(HOST_FILES, ""))
@@ -135,6 +139,7 @@ class TargetPass:
         self.prefix = f"{cfg.node.nqn_prefix}:{cfg.node.name}"
         self.rebind = frozenset(rebind)
         self._realpaths: dict[str, str] = {}
+        self.feats: nvmet.Features | None = None
 
     # ------------------------------------------------------------------ helpers
     def _real(self, path: str) -> str:
@@ -194,10 +199,15 @@ class TargetPass:
         have: nvmet.ReadSpec | None
         try:
             feats = nvmet.features(self.fs)
-            if feats.dhchap is None and not self.dry_run and wants_auth(cfg):
-                # No host exists yet to show whether this kernel has target auth: look
-                # with throw-away objects, so that a kernel without it is said so now.
-                feats = nvmet.features(self.fs, probe=frozenset({"host"}))
+            # No host (port) exists yet to show whether this kernel has target auth
+            # (TLS): look with throw-away objects, so that a kernel without it is said
+            # so now.
+            probe = {kind for kind, unknown, wanted in (
+                ("host", feats.dhchap is None, wants_auth(cfg)),
+                ("port", feats.tsas is None, wants_tls(cfg))) if unknown and wanted}
+            if probe and not self.dry_run:
+                feats = nvmet.features(self.fs, probe=frozenset(probe))
+            self.feats = feats
             have = base_spec(cfg, feats)
             live = nvmet.read(self.fs, spec=have)
         except NvmetUnavailable as exc:
@@ -222,6 +232,10 @@ class TargetPass:
         failed = {name for name, p in plans.items() if p.errors}
         auth = plan_host_auth(pools, live, feats)
         for name, problems in auth.errors.items():
+            for message, hint in problems:
+                self.result.error("target", name, message, hint)
+            failed.add(name)
+        for name, problems in tls_errors(cfg, pools, feats).items():
             for message, hint in problems:
                 self.result.error("target", name, message, hint)
             failed.add(name)
@@ -255,11 +269,40 @@ class TargetPass:
         if self.dry_run:
             for a in actions:
                 self._record_nvmet(a, "planned")
+            self._insert_psks(pools, failed, desired)
             return
         assert feats is not None
         self._record_intent(records, live, desired, port_ids, plans, failed, skip)
         self._apply(actions, desired, scope, feats, spec)
+        self._insert_psks(pools, failed, desired)
         self._record_outcome(records, live, pools, failed, plans, skip)
+
+    def _insert_psks(self, pools: list[TargetPool], failed: set[str], desired: Tree) -> None:
+        """Each host of a pool on a TLS port: its PSK in the ``.nvme`` keyring for the
+        pool's subsystems that allow it and for discovery (where missing or rotated)."""
+        keyring = PskKeyring(self.runner, str(self.state_dir))
+        for pool in pools:
+            if pool.name in failed or not on_tls_port(self.cfg, pool):
+                continue
+            subs = [s for s in desired.subsystems.values() if self._pool_of(s.nqn) == pool.name]
+            for host in pool.hosts:
+                if host.tls is None:
+                    continue
+                allowing = sorted(s.nqn for s in subs
+                                  if pool.allow_any_host or host.nqn in s.allowed_hosts)
+                nqns = [DISCOVERY_NQN, *allowing]
+                try:
+                    psk = read_psk(host.tls.key_file)
+                    for nqn in nqns:
+                        if keyring.missing(psk, host.nqn, nqn):
+                            if not self.dry_run:
+                                keyring.insert(psk, host.nqn, nqn)
+                            self._act(pool.name, "tls-psk", f"{host.nqn} {nqn}",
+                                      f"TLS PSK {psk.fingerprint} into the .nvme keyring")
+                except KvagentError as exc:
+                    self.result.error("target", pool.name,
+                                      f"pool {pool.name}: host {host.name}: {exc.message}",
+                                      exc.hint)
 
     def _context(self, pools: list[TargetPool], records: TargetRecords,
                  live: Tree) -> PassContext:
@@ -429,7 +472,10 @@ class TargetPass:
                     f"choose another id for port {pc.name} in target.ports, or remove nvmet "
                     f"port {pc.id} yourself if nothing needs it")
                 continue
-            ports[pc.id] = desired_port(pc, links.get(pc.id, set()))
+            tsas = self.feats is not None and self.feats.tsas
+            if pc.tls != "none" and tsas is False:
+                continue  # its pools failed: never a port without the TLS it asks for
+            ports[pc.id] = desired_port(pc, links.get(pc.id, set()), bool(tsas))
             accepted.add(pc.id)
         # Links of errored pools on ports no longer configured stay as they are.
         for pid, nqns in links.items():

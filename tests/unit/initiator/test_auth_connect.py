@@ -120,3 +120,15 @@ def test_refused_secrets_are_explained() -> None:
         exc = classify_connect_failure(result)
         assert exc.errno_name == errno.errorcode[err], exc
         assert words in (exc.hint or "")
+
+
+def test_a_rejected_secret_reported_as_eio_is_still_explained() -> None:
+    """On 6.12 under load the target may drop the connection before the host reads its
+    verdict: nvme-cli then says EIO, and only the kernel log says authentication failed."""
+    stderr = ("Failed to write to /dev/nvme-fabrics: Input/output error\n"
+              "could not add new controller: failed to write to nvme-fabrics device\n")
+    result = CommandResult(("nvme", "connect"), 1, "", stderr)
+    exc = classify_connect_failure(result, ["nvme nvme3: qid 0: authentication failed"])
+    assert "must hold the secret" in (exc.hint or "")
+    plain = classify_connect_failure(result, ["nvme nvme3: failed to connect queue: 0"])
+    assert "must hold the secret" not in (plain.hint or "")

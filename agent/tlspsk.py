@@ -1,0 +1,70 @@
+"""NVMe/TCP TLS pre-shared keys: their format, their files and their identities.
+
+A configured PSK is the NVMe "PSK interchange format" ``NVMeTLSkey-1:<hh>:<base64(key ||
+crc32(key))>:`` that nvme-cli (``gen-tls-key``) reads: ``hh`` is the hash the retained
+PSK is derived with (01 SHA-256 with a 32-byte key, 02 SHA-384 with 48 bytes), the
+CRC-32 little-endian. Both hosts derive the retained PSK from it and the host NQN
+(nvme-cli ``check-tls-key --insert``) and keep it in the kernel's ``.nvme`` keyring
+under the identity ``NVMe0R<hh> <hostnqn> <subsysnqn>``, which is what the kernel looks
+up for a TLS connect and what tlshd looks up for the handshake.
+
+PSK files follow the rules of DH-HMAC-CHAP secret files (:mod:`agent.dhchap`): one per
+file, root's, mode 0600, never shown (:attr:`~agent.dhchap.Secret.fingerprint` names it).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import zlib
+
+from .dhchap import Secret, read_secret_file
+
+PREFIX = "NVMeTLSkey-1:"
+#: Hash id -> (name, key length).
+HASHES: dict[int, tuple[str, int]] = {1: ("sha256", 32), 2: ("sha384", 48)}
+
+
+def psk_problem(text: str) -> str | None:
+    """What is wrong with ``text`` as a configured PSK (never showing it), or None."""
+    if not text.startswith(PREFIX) or not text.endswith(":") or text.count(":") != 3:
+        return "is not a TLS PSK (NVMeTLSkey-1:<hh>:<base64>:)"
+    _, hh, b64, _ = text.split(":")
+    if len(hh) != 2 or not hh.isdigit() or int(hh) not in HASHES:
+        return f"has hash {hh!r}; expected 01 (SHA-256) or 02 (SHA-384)"
+    try:
+        blob = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError):
+        return "has a key that is not valid base64"
+    key, crc = blob[:-4], blob[-4:]
+    name, needed = HASHES[int(hh)]
+    if len(key) != needed:
+        return f"has a {max(len(key), 0)}-byte key; hash {hh} ({name}) needs {needed} bytes"
+    if zlib.crc32(key).to_bytes(4, "little") != crc:
+        return "fails its CRC check (copied incompletely?)"
+    return None
+
+
+def generate_psk(hash_id: int = 1) -> Secret:
+    """A new random configured PSK (what ``nvme gen-tls-key`` makes)."""
+    if hash_id not in HASHES:
+        raise ValueError(f"hash must be one of {sorted(HASHES)}")
+    key = os.urandom(HASHES[hash_id][1])
+    blob = key + zlib.crc32(key).to_bytes(4, "little")
+    return Secret(f"{PREFIX}{hash_id:02d}:{base64.b64encode(blob).decode()}:")
+
+
+def read_psk(path: str) -> Secret:
+    """The PSK in ``path``, checked (file and format)."""
+    return read_secret_file(path, psk_problem)
+
+
+def psk_hash(psk: Secret) -> int:
+    """The hash id of a checked PSK."""
+    return int(psk.text.split(":")[1])
+
+
+def identity(psk: Secret, hostnqn: str, subsysnqn: str) -> str:
+    """The keyring description of the retained PSK for ``hostnqn`` and ``subsysnqn``."""
+    return f"NVMe0R{psk_hash(psk):02d} {hostnqn} {subsysnqn}"

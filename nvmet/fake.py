@@ -306,6 +306,7 @@ class FakeConfigFS:
         self._rng = random.Random(seed)  # noqa: S311 (test ids, not secrets)
         self._session_created = False
         self._session_exported: set[str] = set()
+        self._probe_ports: set[str] = set()
         self._changed: bool | None = None
         self.root = _Dir("root", default=True)
         self._add_defaults(self.root, "root")
@@ -324,6 +325,7 @@ class FakeConfigFS:
         """Forget the ordering state (call before applying a new plan) and clear ``ops``."""
         self._session_created = False
         self._session_exported = set()
+        self._probe_ports = set()
         self.ops = []
 
     def clone(self) -> FakeConfigFS:
@@ -442,15 +444,30 @@ class FakeConfigFS:
             self.ops.append(Op(op, path, value, exc.errno))
             raise
         self.ops.append(Op(op, path, value, changed=self._changed))
-        if op in ("mkdir", "symlink") and PROBE_NQN not in path:
+        if op in ("mkdir", "symlink") and not self._probing(path):
             self._session_created = True
         if op == "symlink":
             parts = self._parts(path)
             if len(parts) == 4 and parts[0] == "ports" and parts[2] == "subsystems":
                 self._session_exported.add(self._parts(value or "")[-1])
 
-    def _check_order(self, op: str, path: str) -> None:
+    def _probing(self, path: str) -> bool:
+        """Whether ``path`` is one of the nvmet library's throw-away feature-probe objects
+        (nvmet.features): named PROBE_NQN, or a port with the highest free id."""
+        parts = self._parts(path)
         if PROBE_NQN in path:
+            return True
+        if len(parts) >= 2 and parts[0] == "ports":
+            if len(parts) == 2 and not self.exists(path):
+                used = {int(e.name) for e in self.list("ports") if e.name.isdigit()}
+                free = max(i for i in range(65535, 0, -1) if i not in used)
+                if parts[1] == str(free):
+                    self._probe_ports.add(parts[1])
+            return parts[1] in self._probe_ports
+        return False
+
+    def _check_order(self, op: str, path: str) -> None:
+        if self._probing(path):
             return  # the nvmet library's throw-away feature probe (nvmet.features)
         parts = self._parts(path)
         if op in ("rmdir", "unlink") and self._session_created:

@@ -19,16 +19,18 @@ from ..state import read_json, write_json
 from ..tlspsk import identity
 from .run import CommandError, Runner
 
+#: Where the kernel lists keys, and processes (module globals: tests point them elsewhere).
 PROC_KEYS = "/proc/keys"
+PROC = "/proc"
 #: The well-known discovery subsystem: discovery on a TLS port is TLS too.
 DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 RECORD = "tls-psks.json"
 
 
-def psk_descriptions(proc_keys: str = PROC_KEYS) -> set[str]:
+def psk_descriptions() -> set[str]:
     """Descriptions of the ``psk`` keys this process can see."""
     try:
-        lines = Path(proc_keys).read_text().splitlines()
+        lines = Path(PROC_KEYS).read_text().splitlines()
     except OSError:
         return set()
     out = set()
@@ -39,12 +41,12 @@ def psk_descriptions(proc_keys: str = PROC_KEYS) -> set[str]:
     return out
 
 
-def tlshd_running(proc: str = "/proc") -> bool:
+def tlshd_running() -> bool:
     """Whether a process named tlshd runs."""
-    for pid in os.listdir(proc):
+    for pid in os.listdir(PROC):
         if pid.isdigit():
             try:
-                if Path(proc, pid, "comm").read_text().strip() == "tlshd":
+                if Path(PROC, pid, "comm").read_text().strip() == "tlshd":
                     return True
             except OSError:
                 continue
@@ -58,16 +60,15 @@ TLSHD_HINT = ("install ktls-utils and start tlshd (systemctl enable --now tlshd)
 class PskKeyring:
     """The PSKs kvagent put in the ``.nvme`` keyring (records under ``state_dir``)."""
 
-    def __init__(self, runner: Runner, state_dir: str, proc_keys: str = PROC_KEYS):
+    def __init__(self, runner: Runner, state_dir: str):
         self.runner = runner
         self.record = Path(state_dir) / RECORD
-        self.proc_keys = proc_keys
 
     def missing(self, psk: Secret, hostnqn: str, subsysnqn: str) -> bool:
         """Whether the keyring lacks this PSK for ``hostnqn`` and ``subsysnqn``."""
         ident = identity(psk, hostnqn, subsysnqn)
         recorded = read_json(self.record, {}).get(ident)
-        return recorded != psk.fingerprint or ident not in psk_descriptions(self.proc_keys)
+        return recorded != psk.fingerprint or ident not in psk_descriptions()
 
     def insert(self, psk: Secret, hostnqn: str, subsysnqn: str) -> None:
         """Derive the retained PSK and put it in the keyring (nvme-cli), then record it."""

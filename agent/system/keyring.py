@@ -42,14 +42,18 @@ def psk_descriptions() -> set[str]:
 
 
 def tlshd_running() -> bool:
-    """Whether a process named tlshd runs."""
+    """Whether tlshd runs: a process named tlshd, or one whose first arguments run it
+    (a tlshd started through a dynamic loader, ``ld-linux… /usr/sbin/tlshd``)."""
     for pid in os.listdir(PROC):
         if pid.isdigit():
             try:
                 if Path(PROC, pid, "comm").read_text().strip() == "tlshd":
                     return True
+                args = Path(PROC, pid, "cmdline").read_bytes().split(b"\0")[:4]
             except OSError:
                 continue
+            if any(os.path.basename(a) == b"tlshd" for a in args):
+                return True
     return False
 
 

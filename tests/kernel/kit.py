@@ -270,3 +270,20 @@ def force_clean() -> None:
         for dev in NULLB.iterdir():
             if dev.is_dir():
                 remove_nullb(dev.name)
+
+
+def fabrics_connect(hostnqn: str, subnqn: str, secret: str | None) -> int:
+    """Connect through /dev/nvme-fabrics as ``hostnqn`` (nvme-cli 2.3 turns a second
+    identity on one subsystem and port away before the kernel sees it): 0 or the errno."""
+    opts = (f"transport=tcp,traddr=127.0.0.1,trsvcid=4420,nqn={subnqn},hostnqn={hostnqn},"
+            f"hostid={hostnqn.rsplit(':', 1)[1]}")  # the default hostid is another NQN's
+    if secret:
+        opts += f",dhchap_secret={secret}"
+    fd = os.open("/dev/nvme-fabrics", os.O_RDWR)
+    try:
+        os.write(fd, opts.encode())
+    except OSError as exc:
+        return exc.errno or -1
+    finally:
+        os.close(fd)
+    return 0

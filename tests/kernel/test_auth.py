@@ -118,23 +118,6 @@ class Reads:
         assert not self._thread.is_alive(), "a read never returned"
 
 
-def kernel_connect(hostnqn: str, subnqn: str, secret: str | None) -> int:
-    """Connect through /dev/nvme-fabrics as ``hostnqn`` (nvme-cli 2.3 turns a second
-    identity on one subsystem and port away before the kernel sees it): 0 or the errno."""
-    opts = (f"transport=tcp,traddr=127.0.0.1,trsvcid=4420,nqn={subnqn},hostnqn={hostnqn},"
-            f"hostid={hostnqn.rsplit(':', 1)[1]}")  # the default hostid is another NQN's
-    if secret:
-        opts += f",dhchap_secret={secret}"
-    fd = os.open("/dev/nvme-fabrics", os.O_RDWR)
-    try:
-        os.write(fd, opts.encode())
-    except OSError as exc:
-        return exc.errno or -1
-    finally:
-        os.close(fd)
-    return 0
-
-
 def rotate(lab: Lab, ctrl: Path, device: str) -> tuple[RunResult, set[str], Reads, str]:
     """One apply during O_DIRECT reads with the controller's state sampled every 20 ms;
     the apply's log output too."""
@@ -201,8 +184,8 @@ def test_dhchap_two_identities_rotation_under_reads_and_refusals(lab: Lab) -> No
 
     # The other identity: a wrong secret and no secret are refused by the kernel (a wrong
     # secret: EKEYREJECTED, or EIO when the target drops the connection first).
-    assert kernel_connect(OTHER, nqn, generate().text) in (errno.EKEYREJECTED, errno.EIO)
-    assert kernel_connect(OTHER, nqn, None) == errno.ENOKEY
+    assert kit.fabrics_connect(OTHER, nqn, generate().text) in (errno.EKEYREJECTED, errno.EIO)
+    assert kit.fabrics_connect(OTHER, nqn, None) == errno.ENOKEY
     assert [c.name for c in kit.controllers_for(nqn)] == [ctrl.name]
     assert kit.read(ctrl / "state") == "live"
 

@@ -29,6 +29,7 @@ def kernel_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     proc = tmp_path / "proc"
     (proc / "412").mkdir(parents=True)
     (proc / "412" / "comm").write_text("tlshd\n")
+    (proc / "412" / "cmdline").write_bytes(b"/usr/sbin/tlshd\0")
     monkeypatch.setattr(keyring, "PROC_KEYS", str(keys))
     monkeypatch.setattr(keyring, "PROC", str(proc))
     return keys
@@ -134,6 +135,7 @@ def test_tls_on_a_kernel_without_it_fails_those_pools_and_names_the_option(
 def test_tls_without_tlshd_fails_those_pools(tmp_path: Path, kernel_keys: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "proc/412/comm").write_text("bash\n")
+    (tmp_path / "proc/412/cmdline").write_bytes(b"bash\0")
     target = tls_target(tmp_path, kernel_keys)
     result = target.run(tls_config(tmp_path, plain_pool=True))
     assert [e.pool for e in result.errors] == ["kv"]

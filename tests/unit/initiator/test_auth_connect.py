@@ -132,3 +132,20 @@ def test_a_rejected_secret_reported_as_eio_is_still_explained() -> None:
     assert "must hold the secret" in (exc.hint or "")
     plain = classify_connect_failure(result, ["nvme nvme3: failed to connect queue: 0"])
     assert "must hold the secret" not in (plain.hint or "")
+
+
+def test_tls_options_and_tls_refusals_are_explained() -> None:
+    assert FabricsOptions(tls=True).argv()[-1] == "--tls"
+    assert "--tls" not in FabricsOptions().argv()
+    old = CommandResult(("nvme", "connect", "--tls"), 1, "",
+                        "connect: unrecognized option '--tls'\nUsage: nvme connect\n")
+    exc = classify_connect_failure(old)
+    assert "no --tls" in exc.message and "2.4" in (exc.hint or "")
+    nokey = CommandResult(("nvme", "connect", "--tls"), 1, "",
+                          "Failed to write to /dev/nvme-fabrics: Required key not available\n"
+                          "could not add new controller: pre-shared TLS key is missing\n")
+    exc = classify_connect_failure(nokey)
+    assert exc.errno_name == "ENOKEY" and ".nvme keyring" in (exc.hint or "")
+    reset = CommandResult(("nvme", "connect"), 1, "",
+                          "Failed to write to /dev/nvme-fabrics: Connection reset by peer\n")
+    assert "TLS" in (classify_connect_failure(reset).hint or "")

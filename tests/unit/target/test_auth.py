@@ -135,7 +135,7 @@ def test_auth_on_a_kernel_without_target_auth_is_refused_clearly(tmp_path: Path)
 @settings(max_examples=5, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.binary(min_size=32, max_size=32), ctrl=st.binary(min_size=32, max_size=32))
-def test_random_secrets_never_appear_in_plan_apply_or_log_output(
+def test_random_secrets_never_appear_in_plan_apply_log_status_or_metrics(
         tmp_path_factory, key: bytes, ctrl: bytes, caplog) -> None:  # type: ignore[no-untyped-def]
     import base64
     import io
@@ -168,6 +168,13 @@ def test_random_secrets_never_appear_in_plan_apply_or_log_output(
             outputs += [repr(result.to_json()), _text(result)]
     finally:
         configure_logging()
+    from agent.health.collect import collect
+    from agent.health.metrics import render_metrics
+    from agent.health.status import render_status_text, to_status_json
+    from tests.unit.fakerunner import FakeRunner
+    snap = collect(cfg, FakeRunner(), fs=target.fs, drives=False)
+    outputs += [repr(to_status_json(snap)), render_status_text(snap),
+                render_metrics(snap).decode()]
     outputs += [caplog.text, agent_log.getvalue()]
     assert "dhchap_key = <secret>" in caplog.text  # the log did see the secret writes
     assert target.fs.read(f"hosts/{H1}/dhchap_key") == texts[0]

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent.config import parse_config
 from agent.config.model import Config
@@ -162,3 +164,52 @@ def test_config_refuses_tls_on_rdma_and_tls_pools_without_host_keys(tmp_path: Pa
     with pytest.raises(ConfigError) as rdma:
         parse_config(yaml.safe_dump(data))
     assert "ports[0].tls" in str(rdma.value) and "NVMe/TCP" in str(rdma.value)
+
+
+@settings(max_examples=5, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.binary(min_size=32, max_size=32))
+def test_random_psks_never_appear_in_plan_apply_log_status_or_metrics(
+        tmp_path_factory, monkeypatch, raw: bytes) -> None:  # type: ignore[no-untyped-def]
+    import base64
+    import io
+    import zlib
+
+    from agent.cli.apply_cmd import _text
+    from agent.dhchap import Secret
+    from agent.health.collect import collect
+    from agent.health.metrics import render_metrics
+    from agent.health.status import render_status_text, to_status_json
+    from agent.log import configure_logging
+    from tests.unit.fakerunner import FakeRunner
+
+    root = tmp_path_factory.mktemp("tls")
+    keys = root / "proc-keys"
+    keys.write_text("")
+    (root / "proc/412").mkdir(parents=True)
+    (root / "proc/412/comm").write_text("tlshd\n")
+    monkeypatch.setattr(keyring, "PROC_KEYS", str(keys))
+    monkeypatch.setattr(keyring, "PROC", str(root / "proc"))
+    blob = raw + zlib.crc32(raw).to_bytes(4, "little")
+    psk = Secret(f"NVMeTLSkey-1:01:{base64.b64encode(blob).decode()}:")
+    (root / "keys").mkdir()
+    for name in ("gpu-1", "gpu-2"):
+        write_secret(str(root / f"keys/{name}.psk"), psk)
+    cfg = tls_config(root)
+    target = tls_target(root, keys)
+    agent_log = io.StringIO()
+    configure_logging(1, stream=agent_log)
+    outputs = []
+    try:
+        for dry_run in (True, False):
+            result = target.run(cfg, dry_run=dry_run)
+            assert result.ok, result.errors
+            outputs += [repr(result.to_json()), _text(result)]
+    finally:
+        configure_logging()
+    assert target.runner.ran("nvme", "check-tls-key")  # the keys were given to nvme-cli
+    snap = collect(cfg, FakeRunner(), fs=target.fs, drives=False)
+    outputs += [repr(to_status_json(snap)), render_status_text(snap),
+                render_metrics(snap).decode(), agent_log.getvalue()]
+    for text in outputs:
+        assert psk.text not in text and base64.b64encode(raw).decode()[:16] not in text

@@ -179,11 +179,12 @@ def refresh_secrets(target: Target, controllers: list[Controller], sysfs: Sysfs)
     it has.)
 
     A rotation of one secret keeps the controller live. When both differ, the first
-    write's re-authentication pairs a new secret with an old one, the target fails it and
-    the controller reconnects (I/O waits about 10 s, the kernel's reconnect delay): that
-    is warned about. The controller secret goes first: a reconnect that starts before
-    the host secret is written is then refused at once (a wrong host secret), where the
-    other order leaves it waiting on a controller secret that cannot match."""
+    write's re-authentication (unless the second write cancels it first) pairs a new
+    secret with an old one, the target fails it and the controller reconnects (I/O waits
+    about 10 s, the kernel's reconnect delay): that is warned about. The controller secret
+    goes first: a reconnect that starts before the host secret is written is then refused
+    at once (a wrong host secret), where the other order leaves it waiting on a
+    controller secret that cannot match."""
     changed = False
     opts = target.options
     wanted = (("dhchap_ctrl_secret", opts.dhchap_ctrl_secret),
@@ -192,8 +193,8 @@ def refresh_secrets(target: Target, controllers: list[Controller], sysfs: Sysfs)
         stale = [attr for attr, secret in wanted
                  if secret is not None and sysfs.controller_secret(ctrl.name, attr) != secret]
         if len(stale) == 2:
-            log.warning("both DH-HMAC-CHAP secrets changed at once: the controller "
-                        "reconnects once (I/O waits for it); rotate one secret at a time "
+            log.warning("both DH-HMAC-CHAP secrets changed at once: the controller may "
+                        "reconnect once (I/O waits for it); rotate one secret at a time "
                         "to keep it live", controller=ctrl.name, subsysnqn=target.subsysnqn)
         for attr in stale:
             sysfs.set_controller_secret(ctrl.name, attr, dict(wanted)[attr])

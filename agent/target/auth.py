@@ -8,7 +8,7 @@ secret is refused. The kernel cannot clear a secret once set (an empty write fai
 turning auth off for a host is refused with the way to do it.
 
 A GPU host re-authenticates once per secret it is given: rotating one secret at a time
-keeps its controllers live; both at once makes them reconnect once (warned about).
+keeps its controllers live; both at once can make them reconnect once (warned about).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def plan_host_auth(pools: list[TargetPool], live: Tree,
                     and len(live_keys) == 2 and "dhchap_ctrl_key" in attrs
                     and all(lhost.attrs[f] != attrs[f] for f in live_keys)):
                 log.warning("both DH-HMAC-CHAP secrets of a host change at once: its live "
-                            "controllers reconnect once when its GPU host applies; rotate "
+                            "controllers may reconnect once when its GPU host applies; rotate "
                             "one secret at a time to keep them live",
                             pool=pool.name, host=host.name, hostnqn=host.nqn)
             out.attrs[host.nqn] = attrs

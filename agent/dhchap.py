@@ -55,24 +55,41 @@ def fingerprint(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def secret_problem(text: str) -> str | None:
-    """What is wrong with ``text`` as a secret (the secret itself never appears), or None."""
-    if not text.startswith(PREFIX) or not text.endswith(":") or text.count(":") != 3:
-        return "is not a DH-HMAC-CHAP secret (DHHC-1:<hh>:<base64>:)"
+def decode(text: str, prefix: str, form: str) -> tuple[str, bytes, bool] | str:
+    """``(hh, key, crc_ok)`` of an NVMe key text ``<prefix><hh>:<base64(key ||
+    crc32(key))>:`` (DH-HMAC-CHAP secrets, TLS PSKs), or what is wrong with its form
+    (never the key). Callers check ``hh`` and the key's length before ``crc_ok``."""
+    if not text.startswith(prefix) or not text.endswith(":") or text.count(":") != 3:
+        return f"is not a {form}"
     _, hh, b64, _ = text.split(":")
-    if len(hh) != 2 or not hh.isdigit() or int(hh) not in TRANSFORMS:
-        return f"has transform {hh!r}; expected 00, 01, 02 or 03"
     try:
         blob = base64.b64decode(b64, validate=True)
     except (binascii.Error, ValueError):
         return "has a key that is not valid base64"
     key, crc = blob[:-4], blob[-4:]
+    return hh, key, zlib.crc32(key).to_bytes(4, "little") == crc
+
+
+def encode(prefix: str, hh: int, key: bytes) -> str:
+    """The NVMe key text of ``key`` (see :func:`decode`)."""
+    blob = key + zlib.crc32(key).to_bytes(4, "little")
+    return f"{prefix}{hh:02d}:{base64.b64encode(blob).decode()}:"
+
+
+def secret_problem(text: str) -> str | None:
+    """What is wrong with ``text`` as a secret (the secret itself never appears), or None."""
+    parsed = decode(text, PREFIX, "DH-HMAC-CHAP secret (DHHC-1:<hh>:<base64>:)")
+    if isinstance(parsed, str):
+        return parsed
+    hh, key, crc_ok = parsed
+    if len(hh) != 2 or not hh.isdigit() or int(hh) not in TRANSFORMS:
+        return f"has transform {hh!r}; expected 00, 01, 02 or 03"
     if len(key) not in KEY_LENGTHS:
-        return f"has a {max(len(key), 0)}-byte key; expected 32, 48 or 64 bytes"
+        return f"has a {len(key)}-byte key; expected 32, 48 or 64 bytes"
     name, needed = TRANSFORMS[int(hh)]
     if needed is not None and len(key) != needed:
         return f"has a {len(key)}-byte key; transform {hh} ({name}) needs {needed} bytes"
-    if zlib.crc32(key).to_bytes(4, "little") != crc:
+    if not crc_ok:
         return "fails its CRC check (copied incompletely?)"
     return None
 
@@ -84,9 +101,7 @@ def generate(transform: int = 0, length: int = 32) -> Secret:
     needed = TRANSFORMS[transform][1]
     if length not in KEY_LENGTHS or (needed is not None and length != needed):
         raise ValueError(f"a {length}-byte key does not fit transform {transform:02d}")
-    key = os.urandom(length)
-    blob = key + zlib.crc32(key).to_bytes(4, "little")
-    return Secret(f"{PREFIX}{transform:02d}:{base64.b64encode(blob).decode()}:")
+    return Secret(encode(PREFIX, transform, os.urandom(length)))
 
 
 def _file_problem(path: str, st: os.stat_result) -> str | None:

@@ -14,12 +14,9 @@ file, root's, mode 0600, never shown (:attr:`~agent.dhchap.Secret.fingerprint` n
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
-import zlib
 
-from .dhchap import Secret, read_secret_file
+from .dhchap import Secret, decode, encode, read_secret_file
 
 PREFIX = "NVMeTLSkey-1:"
 #: Hash id -> (name, key length).
@@ -28,20 +25,16 @@ HASHES: dict[int, tuple[str, int]] = {1: ("sha256", 32), 2: ("sha384", 48)}
 
 def psk_problem(text: str) -> str | None:
     """What is wrong with ``text`` as a configured PSK (never showing it), or None."""
-    if not text.startswith(PREFIX) or not text.endswith(":") or text.count(":") != 3:
-        return "is not a TLS PSK (NVMeTLSkey-1:<hh>:<base64>:)"
-    _, hh, b64, _ = text.split(":")
+    parsed = decode(text, PREFIX, "TLS PSK (NVMeTLSkey-1:<hh>:<base64>:)")
+    if isinstance(parsed, str):
+        return parsed
+    hh, key, crc_ok = parsed
     if len(hh) != 2 or not hh.isdigit() or int(hh) not in HASHES:
         return f"has hash {hh!r}; expected 01 (SHA-256) or 02 (SHA-384)"
-    try:
-        blob = base64.b64decode(b64, validate=True)
-    except (binascii.Error, ValueError):
-        return "has a key that is not valid base64"
-    key, crc = blob[:-4], blob[-4:]
     name, needed = HASHES[int(hh)]
     if len(key) != needed:
-        return f"has a {max(len(key), 0)}-byte key; hash {hh} ({name}) needs {needed} bytes"
-    if zlib.crc32(key).to_bytes(4, "little") != crc:
+        return f"has a {len(key)}-byte key; hash {hh} ({name}) needs {needed} bytes"
+    if not crc_ok:
         return "fails its CRC check (copied incompletely?)"
     return None
 
@@ -50,9 +43,7 @@ def generate_psk(hash_id: int = 1) -> Secret:
     """A new random configured PSK (what ``nvme gen-tls-key`` makes)."""
     if hash_id not in HASHES:
         raise ValueError(f"hash must be one of {sorted(HASHES)}")
-    key = os.urandom(HASHES[hash_id][1])
-    blob = key + zlib.crc32(key).to_bytes(4, "little")
-    return Secret(f"{PREFIX}{hash_id:02d}:{base64.b64encode(blob).decode()}:")
+    return Secret(encode(PREFIX, hash_id, os.urandom(HASHES[hash_id][1])))
 
 
 def read_psk(path: str) -> Secret:

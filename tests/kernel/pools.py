@@ -44,6 +44,16 @@ class Lab:
         self.config.write_text(text)
         return self.config
 
+    def write_empty(self, nqn_prefix: str) -> Path:
+        """A config with no ports and no pools on either side: the next apply detaches
+        and unexports everything this lab made."""
+        return self.write(f"""
+version: 1
+node: {{name: lab, nqn_prefix: {nqn_prefix}, state_dir: {self.state}, run_dir: {self.root}/run}}
+target: {{ports: [], pools: []}}
+initiator: {{pools: []}}
+""")
+
     def apply(self, dry_run: bool = False, runner: Runner | None = None) -> RunResult:
         """One in-process pass (no Python start-up: the VM is slow)."""
         return run_pass(load_config(self.config), dry_run=dry_run, runner=runner)

@@ -252,11 +252,6 @@ def test_dhchap_two_identities_rotation_under_reads_and_refusals(lab: Lab) -> No
     assert not kit.controllers_for(nqn)
 
     # Detach and unexport: nothing left.
-    lab.write(f"""
-version: 1
-node: {{name: lab, nqn_prefix: {PREFIX}, state_dir: {lab.state}, run_dir: {lab.root}/run}}
-target: {{ports: [], pools: []}}
-initiator: {{pools: []}}
-""")
+    lab.write_empty(PREFIX)
     assert_ok(lab.apply())
     assert not kit.controllers_for(nqn) and not host.exists()

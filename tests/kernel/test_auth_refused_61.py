@@ -54,11 +54,7 @@ target:
         assert subsystem_nqn(PREFIX, "lab", "plain", "other") in subsystems
         assert not (Path("/sys/kernel/config/nvmet/hosts") / lab.hostnqn).exists()
     finally:
-        lab.write(f"""
-version: 1
-node: {{name: lab, nqn_prefix: {PREFIX}, state_dir: {lab.state}, run_dir: {tmp_path}/run}}
-target: {{ports: [], pools: []}}
-""")
+        lab.write_empty(PREFIX)
         lab.apply()
         umount_all_under(tmp_path)
         kit.force_clean()
@@ -100,11 +96,7 @@ target:
         assert subsystem_nqn(PREFIX, "lab", "plain", "other") in subsystems
         assert not (nvmet / "ports/6").exists() and (nvmet / "ports/5").exists()
     finally:
-        lab.write(f"""
-version: 1
-node: {{name: lab, nqn_prefix: {PREFIX}, state_dir: {lab.state}, run_dir: {tmp_path}/run}}
-target: {{ports: [], pools: []}}
-""")
+        lab.write_empty(PREFIX)
         lab.apply()
         umount_all_under(tmp_path)
         kit.force_clean()

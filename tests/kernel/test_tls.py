@@ -120,11 +120,6 @@ initiator:
     assert [c.name for c in kit.controllers_for(nqn)] == [ctrl.name]
     ci_log(f"tls: plain connect to the TLS port refused: {errno.errorcode[refused]}")
 
-    lab.write(f"""
-version: 1
-node: {{name: lab, nqn_prefix: {PREFIX}, state_dir: {lab.state}, run_dir: {lab.root}/run}}
-target: {{ports: [], pools: []}}
-initiator: {{pools: []}}
-""")
+    lab.write_empty(PREFIX)
     assert_ok(lab.apply())
     assert not kit.controllers_for(nqn) and not (NVMET / "ports/1").exists()

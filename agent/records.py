@@ -371,3 +371,14 @@ def probes_path(state_dir: Path | str, pool: str) -> Path:
 def engine_renders_dir(state_dir: Path | str, pool: str) -> Path:
     """Where apply writes the rendered engine configs of a GPU pool."""
     return Path(state_dir) / ENGINES_DIR / pool
+
+
+def quota_path(state_dir: Path | str, pool: str) -> Path:
+    """Where apply records which engine directories of a GPU pool it put in their xfs
+    project (every file below counted), so a converged pass does not walk them again."""
+    return Path(state_dir) / "quota" / f"{pool}.json"
+
+
+def cleaner_path(state_dir: Path | str, pool: str) -> Path:
+    """Where apply counts the runs of a GPU pool's engine cleaners (what they deleted)."""
+    return Path(state_dir) / "cleaner" / f"{pool}.json"

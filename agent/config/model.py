@@ -438,6 +438,26 @@ class ConnectOptions:
 
 
 @dataclass(frozen=True)
+class EngineCleaner:
+    """Oldest-first cleaner for an engine that never evicts on disk (off by default)."""
+
+    enabled: bool = doc_field(
+        "Delete the engine's oldest files (by modification time) when its usage passes "
+        "high, until it is under low. Only regular files inside the engine's own "
+        "directory (<mount>/<kind>) are deleted, never a symlink's target, a directory "
+        "or anything outside; it needs project quotas (usage from the quota). Off by "
+        "default: turn it on only for an engine that never evicts its own files.", False)
+    high: Percent = doc_field("Usage, as a share of the engine's cap on a mount, above "
+                              "which the cleaner runs.", Percent(95))
+    low: Percent = doc_field("Usage the cleaner brings the engine down to (below high).",
+                             Percent(85))
+
+    def check(self) -> Check:
+        if self.low >= self.high:
+            yield ("low",), f"must be below high ({self.high:g}%), got {self.low:g}%"
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """An inference engine that uses the pool."""
 
@@ -448,9 +468,25 @@ class EngineConfig:
                                FileMode(0o750))
     capacity: Percent | None = doc_field(
         "Share of the pool's capacity this engine may fill (default: 90% split evenly "
-        "between the pool's engines). All engines together stay at or below 90%.",
+        "between the pool's engines). All engines together stay at or below 90%. A hard "
+        "cap: each mount's share is the xfs project quota of the engine's directory there "
+        "(the engine gets ENOSPC at it).",
         None,
     )
+    cleaner: EngineCleaner = doc_field(
+        "Oldest-first cleaner for an engine that never evicts on disk (default: off).",
+        default_factory=EngineCleaner)
+    gds: Literal["check", "trust"] = doc_field(
+        "Dynamo only: its disk-only KVBM moves blocks between disk and GPU with GPUDirect "
+        "Storage. 'check' (default) renders it only where this host has the nvidia-fs "
+        "module loaded and cuFile (libcufile) installed, and refuses otherwise; 'trust' "
+        "renders without looking (you checked GDS, e.g. with gdscheck, and the engine's "
+        "image brings its own cuFile).", "check")
+
+    def check(self) -> Check:
+        if self.gds != "check" and self.kind != "dynamo":
+            yield ("gds",), (f"only dynamo's config depends on GPUDirect Storage; {self.kind} "
+                             "takes no gds setting")
 
 
 @dataclass(frozen=True)
@@ -474,7 +510,11 @@ class InitiatorPool:
     shared: bool = doc_field(
         "The target pool is shared (raw block): connect only, never make a filesystem.", False
     )
-    mount_options: tuple[str, ...] = doc_field("Mount options.", ("noatime",))
+    mount_options: tuple[str, ...] = doc_field(
+        "Mount options. kvagent adds prjquota (xfs project quotas: each engine's cap is a "
+        "hard limit, its usage read in O(1)) unless the list names a quota option itself: "
+        "pqnoenforce (usage from the quota, caps advisory) or noquota (caps advisory, "
+        "usage sampled).", ("noatime",))
     connect: ConnectOptions = doc_field("nvme connect options.",
                                         default_factory=ConnectOptions)
     engines: tuple[EngineConfig, ...] = doc_field("Engines that use this pool.", ())
@@ -507,6 +547,12 @@ class InitiatorPool:
                 yield ("targets", i, "transport"), "TLS (tls:) is for NVMe/TCP targets"
         if self.shared and self.layout != "per-namespace":
             yield ("layout",), "a shared (raw-block) pool has no filesystem to stripe"
+        if "noquota" in self.mount_options:
+            for i, e in enumerate(self.engines):
+                if e.cleaner.enabled:
+                    yield ("engines", i, "cleaner", "enabled"), (
+                        "the cleaner reads usage from project quotas, which mount option "
+                        "noquota turns off")
         caps = [e.capacity for e in self.engines if e.capacity is not None]
         if sum(caps) > 90 + 1e-9:
             yield ("engines",), (

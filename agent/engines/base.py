@@ -18,6 +18,7 @@ import yaml
 from ..config.model import EngineKind
 from ..errors import UsageError
 from ..initiator.probes import ProbeResult
+from ..system.gds import GdsReadiness
 
 Format = Literal["yaml", "json", "env", "args"]
 _SUFFIX_FORMAT: dict[str, Format] = {
@@ -39,7 +40,9 @@ class EngineContext:
     ``ranks`` is how many GPU worker processes of one engine instance use a
     directory (e.g. the tensor-parallel size): engines whose cap is per worker
     get their share divided by it. ``cpu_bytes`` is host RAM the engine may pin
-    (vLLM's required ``cpu_bytes_to_use``); kvagent does not size host RAM.
+    (vLLM's required ``cpu_bytes_to_use``); kvagent does not size host RAM. ``gds`` is
+    what this host has of GPUDirect Storage, for an engine whose config depends on it
+    (``None``: not looked at, the operator vouches for it).
     """
 
     pool: str
@@ -50,6 +53,7 @@ class EngineContext:
     devices: tuple[str, ...] = ()
     ranks: int = 1
     cpu_bytes: int | None = None
+    gds: GdsReadiness | None = None
 
     def check(self) -> None:
         """Raise UsageError when the context cannot be rendered."""

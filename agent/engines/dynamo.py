@@ -10,12 +10,24 @@ see KEYS.md:
 - ``DYN_KVBM_DISK_DISABLE_O_DIRECT`` / ``DYN_KVBM_DISK_ZEROFILL_FALLBACK``: KVBM
   only checks that they are *set* (any value, even "false", switches them on),
   so kvagent writes them only when a probe failed.
+
+GPUDirect Storage: with the disk tier sized and no CPU tier (``DYN_KVBM_CPU_CACHE_GB``
+unset, what kvagent renders), KVBM bypasses host memory and moves blocks between GPU
+and disk directly (``should_bypass_cpu_cache`` in lib/llm/src/block_manager/config.rs;
+KVBM v2 forces NIXL's GDS_MT backend then), and its disk-to-GPU onboarding is a NIXL
+read into device memory in any layout (``WriteToStrategy<DeviceStorage> for
+DiskStorage``). Without nvidia-fs and cuFile that hangs or, worse, serves wrong KV
+(ai-dynamo/dynamo#6032, #15079). A CPU tier would not remove that dependency, and
+kvagent does not size host RAM: so it refuses (:class:`GdsNotReady`) instead of
+rendering a fallback, unless the context says GDS is ready or was not looked at.
 """
 
 from __future__ import annotations
 
 import errno
 
+from ..errors import KvagentError
+from ..system.gds import INSTALL_HINT
 from .base import (
     GB,
     EngineContext,
@@ -30,10 +42,30 @@ from .base import (
 CONFIG_BASE = "dynamo-kvbm"
 
 
+class GdsNotReady(KvagentError):
+    """Dynamo's disk-only KVBM needs GPUDirect Storage, which this host lacks."""
+
+
 def render(ctx: EngineContext) -> Rendered:
-    """One env file per directory (one Dynamo worker each)."""
+    """One env file per directory (one Dynamo worker each).
+
+    :class:`GdsNotReady` when ``ctx.gds`` shows GPUDirect Storage missing.
+    """
     ctx.check()
+    if ctx.gds is not None and not ctx.gds.ready:
+        raise GdsNotReady(
+            f"pool {ctx.pool!r}: not rendering Dynamo KVBM's disk tier: it moves KV blocks "
+            "between disk and GPU with GPUDirect Storage (no CPU tier), and without it KVBM "
+            "hangs or serves wrong KV (ai-dynamo/dynamo#6032, #15079); missing: "
+            + "; ".join(ctx.gds.missing),
+            INSTALL_HINT + "; or set gds: trust on the engine if its image brings cuFile and "
+            "you checked GDS yourself; or remove dynamo from the pool's engines")
     notes = probe_notes(ctx)
+    if ctx.gds is None:
+        notes.append("GPUDirect Storage was not checked (gds: trust): disk-only KVBM needs "
+                     "nvidia-fs and cuFile (gdscheck -p shows them)")
+    else:
+        notes.append(ctx.gds.describe())
     per_dir = ctx.per_directory_bytes()
     gb = per_dir // GB
     names = indexed_names(CONFIG_BASE, ".env", len(ctx.directories))
@@ -62,7 +94,9 @@ def render(ctx: EngineContext) -> Rendered:
     if gb == 0:
         notes.append("the per-directory share is below 1 GB: KVBM's disk tier would be off")
     notes.append("DYN_KVBM_CPU_CACHE_GB (host RAM) is not rendered: older KVBM requires it; "
-                 "with only the disk tier set, recent KVBM offloads GPU to disk directly")
+                 "with only the disk tier set, recent KVBM offloads GPU to disk directly "
+                 "through GPUDirect Storage")
     notes.append("KVBM unlinks its cache file after registering it: du shows nothing; "
-                 "statvfs (free space) does")
+                 "statvfs (free space) and the directory's project quota (kvagent status) "
+                 "do")
     return Rendered(dict(sorted(files.items())), "env", tuple(notes))

@@ -1,9 +1,13 @@
-"""Handing an attached pool to its inference engines: probe, prepare, render.
+"""Handing an attached pool to its inference engines: probe, prepare, cap, clean, render.
 
 The initiator pass attaches a pool (connect, find, filesystem, mount); this step
 then probes the mounts (or reuses the recorded probes while nothing was remounted),
-prepares each engine's directories and renders its config into
-``<state_dir>/engines/<pool>/<kind>/``. It is its own step, above the initiator: the
+prepares each engine's directories, makes each engine's cap a hard limit (its xfs
+project quota on every mount with project quotas, :mod:`agent.engines.quota`), runs
+the cleaners that are turned on (:mod:`agent.engines.cleaner`) and renders each
+engine's config into ``<state_dir>/engines/<pool>/<kind>/``. Caps follow the
+filesystems' sizes: they are computed from the probes, which are taken again whenever
+something was (re)mounted or grown. It is its own step, above the initiator: the
 initiator knows nothing of engines.
 """
 
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config.model import Config, InitiatorPool
+from ..config.model import Config, EngineConfig, InitiatorPool
 from ..errors import KvagentError, UsageError
 from ..initiator.probes import (
     DioAlign,
@@ -30,27 +34,40 @@ from ..initiator.probes import (
 from ..records import InitiatorRecords, engine_renders_dir, probes_path
 from ..result import ActionRecord, RunResult
 from ..state import read_json, write_json
+from ..system.gds import GdsReadiness, probe_gds
 from ..system.mounts import MOUNTINFO, mounted_at
-from . import EngineContext, Rendered, render
+from ..system.xfsquota import QuotaOps, XfsQuota
+from . import EngineContext, Rendered, cleaner, quota
+from . import render as render_kind
 from .dirs import engine_capacities, engine_dir, prepare
 
 Prober = Callable[..., ProbeResult]
+GdsProbe = Callable[[], GdsReadiness]
 
 
 def hand_off(cfg: Config, pool: InitiatorPool, mounts: tuple[str, ...] | list[str],
              transport: str | None, remounted: bool, result: RunResult, *,
-             probe: Prober = probe_mount) -> None:
-    """Probe (when needed), prepare engine directories and render engine configs.
+             probe: Prober = probe_mount, quotas: QuotaOps | None = None,
+             gds: GdsProbe | None = None, mountinfo: Path = MOUNTINFO) -> None:
+    """Probe (when needed), prepare engine directories, set their hard caps, run the
+    cleaners that are on and render engine configs.
 
-    ``remounted``: something was made or (re)mounted in this pass, so the recorded
-    probes no longer describe the mounts.
+    ``remounted``: something was made, (re)mounted or grown in this pass, so the
+    recorded probes (and the caps computed from their sizes) no longer describe the
+    mounts. A cap that cannot be set, or an engine whose config is refused (Dynamo
+    without GPUDirect Storage), is an error of the pool; the other engines go on.
     """
     mounts = list(mounts)
     state_dir = Path(cfg.node.state_dir)
+    quotas = quotas or XfsQuota()
 
     def act(kind: str, subject: str, detail: str = "") -> None:
         result.actions.append(ActionRecord("initiator", pool.name, kind, subject, detail,
                                            "done"))
+
+    def fail(exc: KvagentError | OSError) -> None:
+        result.error("initiator", pool.name, getattr(exc, "message", None) or str(exc),
+                     getattr(exc, "hint", None))
 
     probes = _probes(cfg, pool.name, mounts, transport, remounted, probe)
     out_root = engine_renders_dir(state_dir, pool.name)
@@ -67,8 +84,30 @@ def hand_off(cfg: Config, pool: InitiatorPool, mounts: tuple[str, ...] | list[st
         for prepared in prepare(mounts, engine):
             if prepared.changes:
                 act("engine.dir", prepared.path, ", ".join(prepared.changes))
-        rendered = render_engine(pool, engine.kind, mounts, caps[engine.kind], probes)
+    sizes = {p.path: p.total_bytes for p in probes}
+    try:
+        for change in quota.ensure_caps(state_dir, pool.name, mounts, pool.engines, sizes,
+                                        quotas, mountinfo):
+            act(change.kind, change.subject, change.detail)
+    except (KvagentError, OSError) as exc:
+        fail(exc)  # the caps stay advisory; health says so
+    for engine in pool.engines:
+        if engine.cleaner.enabled:
+            _clean(state_dir, pool, engine, mounts, caps[engine.kind], quotas, mountinfo,
+                   act, fail)
+    readiness = (gds or probe_gds)() if any(e.gds == "check" and e.kind == "dynamo"
+                                            for e in pool.engines) else None
+    for engine in pool.engines:
         out_dir = out_root / engine.kind
+        try:
+            rendered = render_engine(pool, engine.kind, mounts, caps[engine.kind], probes,
+                                     gds=readiness if engine.gds == "check" else None)
+        except KvagentError as exc:
+            fail(exc)
+            if out_dir.is_dir():  # a config that would hang the engine must not stay
+                shutil.rmtree(out_dir)
+                act("engine.unrender", str(out_dir), f"{engine.kind}: refused")
+            continue
         for name, text in rendered.files.items():
             path = out_dir / name
             if not path.exists() or path.read_text() != text:
@@ -81,6 +120,24 @@ def hand_off(cfg: Config, pool: InitiatorPool, mounts: tuple[str, ...] | list[st
                 act("engine.unrender", str(stale), engine.kind)
 
 
+def _clean(state_dir: Path, pool: InitiatorPool, engine: EngineConfig, mounts: list[str],
+           cap: int, quotas: QuotaOps, mountinfo: Path, act: Callable[..., None],
+           fail: Callable[[KvagentError | OSError], None]) -> None:
+    """The engine's cleaner on every mount whose filesystem accounts project quotas."""
+    for mount in mounts:
+        if quota.mount_quota_mode(mount, mountinfo) == "off":
+            continue  # no O(1) usage: the cleaner does not walk to find out (health says so)
+        directory = engine_dir(mount, engine.kind)
+        try:
+            run = cleaner.clean(directory, mount, engine, quotas, cap // len(mounts))
+        except (KvagentError, OSError) as exc:
+            fail(exc)
+            continue
+        if run is not None:
+            cleaner.record_run(state_dir, pool.name, engine.kind, run)
+            act("engine.clean", directory, f"{engine.kind}: {run.describe(engine)}")
+
+
 def forget(cfg: Config, pool: str, result: RunResult, *, dry_run: bool = False) -> None:
     """After a pool is detached: drop its recorded probes and rendered engine configs."""
     state_dir = Path(cfg.node.state_dir)
@@ -88,6 +145,8 @@ def forget(cfg: Config, pool: str, result: RunResult, *, dry_run: bool = False) 
     if dry_run:
         return
     probes_path(state_dir, pool).unlink(missing_ok=True)
+    quota.forget(state_dir, pool)
+    cleaner.forget(state_dir, pool)
     if renders.is_dir():
         shutil.rmtree(renders)
         result.actions.append(ActionRecord("initiator", pool, "engine.unrender", str(renders),
@@ -116,12 +175,13 @@ def _probes(cfg: Config, pool: str, mounts: list[str], transport: str | None,
 
 
 def render_engine(pool: InitiatorPool, kind: str, mounts: list[str], capacity: int,
-                  probes: list[ProbeResult]) -> Rendered:
-    """Render one engine's config for a mounted pool."""
+                  probes: list[ProbeResult], *, gds: GdsReadiness | None = None) -> Rendered:
+    """Render one engine's config for a mounted pool (``gds``: this host's GPUDirect
+    Storage, for an engine whose config depends on it; None: not checked)."""
     ctx = EngineContext(pool=pool.name, kind=kind,  # type: ignore[arg-type]
                         directories=tuple(engine_dir(m, kind) for m in mounts),
-                        capacity_bytes=capacity, probes=tuple(probes))
-    return render(kind, ctx)
+                        capacity_bytes=capacity, probes=tuple(probes), gds=gds)
+    return render_kind(kind, ctx)
 
 
 def probe_from_json(data: dict[str, Any]) -> ProbeResult:
@@ -158,7 +218,7 @@ class AttachedRender:
 
 
 def render_attached(cfg: Config, pool_name: str, kind: str, *, probe_now: bool = False,
-                    probe: Prober = probe_mount,
+                    probe: Prober = probe_mount, gds: GdsProbe | None = None,
                     mountinfo: Path = MOUNTINFO) -> AttachedRender:
     """Render engine ``kind`` for the attached initiator pool ``pool_name``.
 
@@ -202,6 +262,9 @@ def render_attached(cfg: Config, pool_name: str, kind: str, *, probe_now: bool =
         transport = record.subsystems[0].transport if record.subsystems else None
         probes = [probe(m, transport, sysfs=cfg.node.sysfs) for m in mounts]
     caps = engine_capacities(sum(p.total_bytes or 0 for p in probes), pool.engines)
-    rendered = render_engine(pool, kind, mounts, caps[kind], probes)
+    engine = next(e for e in pool.engines if e.kind == kind)
+    readiness = ((gds or probe_gds)() if engine.kind == "dynamo" and engine.gds == "check"
+                 else None)
+    rendered = render_engine(pool, kind, mounts, caps[kind], probes, gds=readiness)
     return AttachedRender(pool_name, kind, tuple(mounts), tuple(dirs), caps[kind], source,
                           rendered)

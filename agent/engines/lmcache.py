@@ -64,7 +64,10 @@ def render(ctx: EngineContext) -> Rendered:
                  "it to the same directory yourself if you use LMCache's GDS backend")
     notes.append("LMCache evicts on disk (LRU) but keeps its index in memory (the versions "
                  "checked do not rescan at start): files of an earlier run are not counted "
-                 "against max_local_disk_size; kvagent's cap and cleanup are the guard")
+                 "against max_local_disk_size; kvagent's cap is the guard (a hard limit: "
+                 "the directory's xfs project quota, ENOSPC at the cap, on pools mounted "
+                 "with prjquota, the default); nothing is deleted unless the engine's "
+                 "cleaner is turned on (engines[].cleaner)")
     notes.append("this is LMCache's in-process configuration (LMCACHE_CONFIG_FILE); recent "
                  "LMCache calls that mode legacy and prefers its multi-process (MP) server, "
                  "whose disk settings kvagent does not render")

@@ -46,7 +46,9 @@ def render(ctx: EngineContext) -> Rendered:
     notes.append(
         f"SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE={per_rank} bytes is per TP rank ({ctx.ranks} "
         "rank(s) assumed); it is honoured only by SGLang releases with the HiCacheFile LRU "
-        "evictor: older ones never evict on disk, kvagent's cap and cleanup are the guard then")
+        "evictor: older ones never evict on disk and meet kvagent's cap (the directory's xfs "
+        "project quota: ENOSPC) instead; turn on the engine's cleaner (engines[].cleaner) "
+        "to have kvagent delete their oldest files")
     if len(ctx.directories) > 1:
         notes.append("one env file per directory, for one SGLang server each; the arguments "
                      "are the same for all")

@@ -18,9 +18,8 @@ import nvmet
 from nvmet.errors import NvmetError
 
 from ..config.model import Config, InitiatorPool, TargetPool
-from ..engines.dirs import engine_capacities, engine_dir, usage
 from ..errors import KvagentError
-from ..initiator.mounts import mounted_at
+from ..initiator.mounts import MOUNTINFO, mounted_at
 from ..initiator.sysfs import Sysfs
 from ..log import get_logger
 from ..records import (
@@ -31,13 +30,14 @@ from ..records import (
     read_last_apply,
 )
 from ..system.run import Runner
+from ..system.xfsquota import QuotaOps, XfsQuota
 from ..target.desired import pool_layout
 from ..target.reconcile import nvmet_fs
+from .engineusage import engine_usages
 from .smart import read_local_drives
 from .snapshot import (
     ApplySummary,
     ControllerHealth,
-    EngineUsage,
     InitiatorSide,
     LoopCounters,
     PathAna,
@@ -48,9 +48,6 @@ from .snapshot import (
 
 log = get_logger("health.collect")
 NVMET_DEBUGFS = Path("/sys/kernel/debug/nvmet")
-#: At most this many entries are stat-ed per engine per collect (a bounded sample until
-#: engines' usage comes from quotas): beyond it, an engine's usage is a lower bound.
-USAGE_SAMPLE_ENTRIES = 4096
 #: What a pool's health needs of nvmet (every collect): names, links, enabled namespaces.
 HEALTH_SPEC = nvmet.ReadSpec(namespaces=frozenset({"enable"}))
 
@@ -58,9 +55,14 @@ HEALTH_SPEC = nvmet.ReadSpec(namespaces=frozenset({"enable"}))
 def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
             sysfs: Sysfs | None = None, last_apply: ApplySummary | None = None,
             counters: LoopCounters | None = None, config_error: str | None = None,
-            drives: bool = True) -> Snapshot:
-    """A snapshot of every pool of this host, its controllers and its local drives."""
+            drives: bool = True, quota: QuotaOps | None = None,
+            mountinfo: Path = MOUNTINFO) -> Snapshot:
+    """A snapshot of every pool of this host, its controllers and its local drives.
+
+    ``quota`` and ``mountinfo`` are seams: engines' usage comes from xfs project quotas
+    where the mount table shows them on."""
     sysfs = sysfs or Sysfs(cfg.node.sysfs)
+    quota = quota or XfsQuota()
     pools: list[PoolHealth] = []
     controllers: list[ControllerHealth] = []
     if cfg.target is not None and cfg.target.pools:
@@ -68,7 +70,8 @@ def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
     if cfg.initiator is not None:
         state = _safe_initiator_state(cfg)
         for pool in cfg.initiator.pools:
-            health, ctrls = _initiator_pool(cfg, pool, state.get(pool.name), sysfs)
+            health, ctrls = _initiator_pool(cfg, pool, state.get(pool.name), sysfs, quota,
+                                            mountinfo)
             pools.append(health)
             controllers += ctrls
     found_drives = ()
@@ -200,7 +203,8 @@ def _probe_summary(cfg: Config, pool: str) -> dict[str, bool] | None:
 
 
 def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | None,
-                    sysfs: Sysfs) -> tuple[PoolHealth, list[ControllerHealth]]:
+                    sysfs: Sysfs, quota: QuotaOps, mountinfo: Path = MOUNTINFO,
+                    ) -> tuple[PoolHealth, list[ControllerHealth]]:
     if record is None:
         side = InitiatorSide(controllers_expected=len(pool.targets), controllers_live=0,
                              namespaces_expected=0, namespaces_found=0, mount_path=pool.mount)
@@ -224,7 +228,8 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
     found = sum(1 for d in devices
                 if any((h.uuid or "").lower() == d.uuid.lower() for h in heads.values()))
     mounts = record.mounts
-    mounted = [m for m in mounts if mounted_at(m) is not None]
+    entries = {m: mounted_at(m, mountinfo) for m in mounts}
+    mounted = [m for m in mounts if entries[m] is not None]
     size = free = 0
     for m in mounted:
         try:
@@ -233,15 +238,8 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
             continue
         size += vfs.f_blocks * vfs.f_frsize
         free += vfs.f_bavail * vfs.f_frsize
-    engines: list[EngineUsage] = []
-    if pool.engines and mounted:
-        caps = engine_capacities(size, pool.engines)
-        for e in pool.engines:
-            dirs = [engine_dir(m, e.kind) for m in mounted]
-            dirs = [d for d in dirs if os.path.isdir(d)]
-            bound = max(1, USAGE_SAMPLE_ENTRIES // max(1, len(dirs)))
-            used = sum(usage(d, bound) for d in dirs)
-            engines.append(EngineUsage(e.kind, used, caps[e.kind], pool.mount))
+    engines, engine_problems = engine_usages(
+        cfg, pool, [(m, e) for m, e in entries.items() if e is not None], size, quota)
     side = InitiatorSide(
         controllers_expected=len(subs), controllers_live=sum(1 for c in ctrls
                                                              if c.state == "live"),
@@ -260,10 +258,7 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
         problems.append(f"{len(devices) - found} of {len(devices)} namespaces missing")
     if len(mounted) < len(mounts):
         problems.append(f"not mounted: {', '.join(sorted(set(mounts) - set(mounted)))}")
-    for e in engines:
-        if e.over_cap:
-            problems.append(f"engine {e.kind} uses {e.used_bytes} bytes, over its cap "
-                            f"{e.cap_bytes}")
+    problems += engine_problems
     probe = _probe_summary(cfg, pool.name)
     if probe and not probe["odirect"]:
         problems.append("O_DIRECT probe failed (engines use their buffered fallback)")

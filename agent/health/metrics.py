@@ -31,7 +31,14 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..log import get_logger
-from .snapshot import ANA_STATES, CONTROLLER_STATES, POOL_STATES, Snapshot
+from .snapshot import (
+    ANA_STATES,
+    CONTROLLER_STATES,
+    POOL_STATES,
+    USAGE_SOURCES,
+    EngineUsage,
+    Snapshot,
+)
 
 log = get_logger("health.metrics")
 
@@ -82,6 +89,36 @@ class _Families:
 
     def __iter__(self) -> Iterator[Metric]:
         return iter(self._families.values())
+
+
+def _engine_families(f: _Families, pool: str, e: EngineUsage) -> None:
+    el = {"pool": pool, "engine": e.kind}
+    f.set("kvagent_engine_used_bytes", "Bytes an engine holds under its directories on the "
+          "pool (from their xfs project quotas, or a bounded sample: see "
+          "kvagent_engine_usage_source).", el, e.used_bytes)
+    f.set("kvagent_engine_capacity_bytes", "The cap kvagent gave the engine on the pool (the "
+          "sum of its project quotas' hard limits where enforced).", el, e.cap_bytes)
+    for source in _states(USAGE_SOURCES, e.source):
+        f.set("kvagent_engine_usage_source", "Where kvagent_engine_used_bytes comes from, "
+              "one-hot by source: quota (exact, O(1)) or sample (a walk; a lower bound past "
+              "it).", {**el, "source": source}, int(source == e.source))
+    f.set("kvagent_engine_cap_enforced", "1 if the engine's cap is a hard limit (xfs project "
+          "quota: ENOSPC at it), 0 if advisory.", el, int(e.enforced))
+    f.set("kvagent_engine_at_cap", "1 while an enforced cap has less than 1% left: the "
+          "engine's next writes may fail with ENOSPC.", el, int(e.at_cap))
+    c = e.cleaner
+    if c is None:
+        return
+    f.set("kvagent_engine_cleaner_enabled", "1 if the engine's oldest-first cleaner is on.",
+          el, int(c.enabled))
+    f.count("kvagent_engine_cleaner_runs", "Runs of the engine's cleaner on the pool.",
+            el, c.runs)
+    f.count("kvagent_engine_cleaner_deleted_files", "Files the engine's cleaner deleted on "
+            "the pool.", el, c.deleted_files)
+    f.count("kvagent_engine_cleaner_deleted_bytes", "Bytes the files the engine's cleaner "
+            "deleted on the pool held.", el, c.deleted_bytes)
+    f.set("kvagent_engine_cleaner_last_run_timestamp_seconds", "When the engine's cleaner "
+          "last deleted files on the pool (Unix time).", el, c.last_run)
 
 
 def snapshot_families(snapshot: Snapshot | None) -> list[Metric]:
@@ -178,11 +215,7 @@ def snapshot_families(snapshot: Snapshot | None) -> list[Metric]:
                 f.set("kvagent_mount_free_bytes", "Free space on the pool's mounted filesystem.",
                       ml, i.free_bytes if i.mounted else None)
             for e in i.engines:
-                el = {"pool": pool.name, "engine": e.kind}
-                f.set("kvagent_engine_used_bytes", "Bytes an engine has written under its "
-                      "directory on the pool.", el, e.used_bytes)
-                f.set("kvagent_engine_capacity_bytes", "The cap kvagent gave the engine on "
-                      "the pool.", el, e.cap_bytes)
+                _engine_families(f, pool.name, e)
 
     for c in s.controllers:
         cl = {"controller": c.name, "pool": c.pool}

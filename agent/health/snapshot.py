@@ -36,18 +36,52 @@ BUSY_PASSES_DEGRADED = 3
 _SEVERITY = {"ok": 0, "degraded": 1, "failed": 2}
 
 
+#: Usage sources: the engine directories' xfs project quotas (exact, O(1)), or a bounded
+#: walk of their trees where quotas are off (a lower bound past the sample).
+USAGE_SOURCES = ("quota", "sample")
+#: An engine with an enforced cap is "at its cap" (its next writes may get ENOSPC) once
+#: less than this share of the cap is left.
+AT_CAP_HEADROOM = 0.01
+
+
+@dataclass(frozen=True)
+class CleanerState:
+    """An engine's oldest-first cleaner: on or off, and what it has deleted so far."""
+
+    enabled: bool
+    runs: int = 0
+    deleted_files: int = 0
+    deleted_bytes: int = 0
+    last_run: float | None = None  # wall clock
+
+
 @dataclass(frozen=True)
 class EngineUsage:
-    """How much of its cap an inference engine has filled on a pool's mount."""
+    """How much of its cap an inference engine has filled on a pool's mount.
+
+    ``source``: ``quota`` (the directories' xfs project quotas: exact) or ``sample``
+    (a bounded walk; ``complete`` false when it stopped early: a lower bound).
+    ``enforced``: the cap is a hard limit the kernel enforces (ENOSPC at it).
+    """
 
     kind: str
     used_bytes: int
     cap_bytes: int
     directory: str | None = None
+    source: str = "sample"
+    enforced: bool = False
+    complete: bool = True
+    cleaner: CleanerState | None = None
 
     @property
     def over_cap(self) -> bool:
         return self.used_bytes > self.cap_bytes
+
+    @property
+    def at_cap(self) -> bool:
+        """An enforced cap nearly reached: the engine's next writes may fail (ENOSPC)."""
+        return self.enforced and self.cap_bytes > 0 and (
+            self.cap_bytes - self.used_bytes < self.cap_bytes * AT_CAP_HEADROOM)
 
 
 @dataclass(frozen=True)

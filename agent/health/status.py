@@ -13,6 +13,7 @@ from .snapshot import (
     ApplyBusy,
     ControllerHealth,
     DriveHealth,
+    EngineUsage,
     PoolHealth,
     Snapshot,
     exit_code,
@@ -65,10 +66,22 @@ def _pool_json(pool: PoolHealth, snapshot: Snapshot) -> dict[str, Any]:
             "namespaces": {"expected": i.namespaces_expected, "found": i.namespaces_found},
             "mount": {"path": i.mount_path, "mounted": i.mounted, "size_bytes": i.size_bytes,
                       "free_bytes": i.free_bytes},
-            "engines": [{"kind": e.kind, "directory": e.directory, "used_bytes": e.used_bytes,
-                         "cap_bytes": e.cap_bytes} for e in i.engines],
+            "engines": [_engine_json(e) for e in i.engines],
         }
     return out
+
+
+def _engine_json(e: EngineUsage) -> dict[str, Any]:
+    c = e.cleaner
+    return {
+        "kind": e.kind, "directory": e.directory, "used_bytes": e.used_bytes,
+        "cap_bytes": e.cap_bytes, "source": e.source, "enforced": e.enforced,
+        "complete": e.complete, "over_cap": e.over_cap, "at_cap": e.at_cap,
+        "cleaner": None if c is None else {
+            "enabled": c.enabled, "runs": c.runs, "deleted_files": c.deleted_files,
+            "deleted_bytes": c.deleted_bytes,
+            "last_run": None if c.last_run is None else _iso(c.last_run)},
+    }
 
 
 def _drive_json(d: DriveHealth) -> dict[str, Any]:
@@ -158,6 +171,20 @@ def _pool_detail(pool: PoolHealth) -> str:
     return ""
 
 
+def _engine_flag(e: EngineUsage) -> str:
+    if e.over_cap:
+        return "OVER CAP"
+    return "AT CAP (ENOSPC)" if e.at_cap else ""
+
+
+def _cleaner_text(e: EngineUsage) -> str:
+    c = e.cleaner
+    if c is None or (not c.enabled and not c.runs):
+        return "off"
+    state = "on" if c.enabled else "off"
+    return f"{state}, {c.runs} run(s), {_bytes(c.deleted_bytes)} deleted" if c.runs else state
+
+
 def render_status_text(snapshot: Snapshot) -> str:
     """A human-readable report: pools, controllers, engines, drives, last apply, problems."""
     state = overall_state(snapshot)
@@ -174,12 +201,14 @@ def render_status_text(snapshot: Snapshot) -> str:
                 for c in snapshot.controllers]
         out += ["", table(rows, ["CONTROLLER", "POOL", "STATE", "TRANSPORT", "ADDRESS",
                                  "ANA"])]
-    engine_rows = [[p.name, e.kind, _bytes(e.used_bytes), _bytes(e.cap_bytes),
-                    "OVER CAP" if e.over_cap else ""]
+    engine_rows = [[p.name, e.kind, _bytes(e.used_bytes) + ("" if e.complete else "+"),
+                    _bytes(e.cap_bytes), "hard" if e.enforced else "advisory", e.source,
+                    _cleaner_text(e), _engine_flag(e)]
                    for p in snapshot.pools if p.initiator is not None
                    for e in p.initiator.engines]
     if engine_rows:
-        out += ["", table(engine_rows, ["POOL", "ENGINE", "USED", "CAP", ""])]
+        out += ["", table(engine_rows, ["POOL", "ENGINE", "USED", "CAP", "CAP KIND", "USAGE",
+                                        "CLEANER", ""])]
     probe_rows = [[p.name, k, str(v)] for p in snapshot.pools if p.probe
                   for k, v in sorted(p.probe.items())]
     if probe_rows:

@@ -16,7 +16,8 @@ from ..log import get_logger
 from ..system.mounts import MOUNTINFO, MountEntry, mounted_at, read_mounts
 from ..system.run import CommandError, Runner
 
-__all__ = ["MOUNTINFO", "MountBusy", "MountEntry", "create_mount_point", "device_number",
+__all__ = ["MOUNTINFO", "QUOTACHECK_TIMEOUT", "MountBusy", "MountEntry", "create_mount_point",
+           "device_number",
            "ensure_mounted", "missing_dirs", "mounted_at", "read_mounts", "remove_mount_points",
            "unmount"]
 
@@ -81,9 +82,15 @@ def remove_mount_points(dirs: list[str], mountinfo: Path = MOUNTINFO) -> list[st
     return removed
 
 
+#: The first mount of an xfs with project quotas runs a quotacheck (a scan of every
+#: inode): a pool remounted with them after an upgrade may take minutes.
+QUOTACHECK_TIMEOUT = 1800
+
+
 def ensure_mounted(device: str, path: str, options: tuple[str, ...], runner: Runner,
                    mountinfo: Path = MOUNTINFO,
-                   devnum: Callable[[str], str] = device_number) -> bool:
+                   devnum: Callable[[str], str] = device_number, *,
+                   timeout: float = 120) -> bool:
     """Mount ``device`` (xfs) on ``path``; True if mounted now, False if it already was.
 
     A different device already mounted there is an error, never stacked over;
@@ -104,7 +111,7 @@ def ensure_mounted(device: str, path: str, options: tuple[str, ...], runner: Run
     argv = ["mount", "-t", "xfs"]
     if options:
         argv += ["-o", ",".join(options)]
-    runner([*argv, device, path], timeout=120)
+    runner([*argv, device, path], timeout=timeout)
     log.info("mounted", device=device, path=path)
     return True
 

@@ -38,6 +38,7 @@ from ..result import ActionRecord, RunResult
 from ..system.keyring import DISCOVERY_NQN, TLSHD_HINT, PskKeyring, tlshd_running
 from ..system.modules import ensure_modules
 from ..system.run import Runner
+from ..system.xfsquota import project_quota_mode, wants_project_quota, with_project_quota
 from ..tlspsk import read_psk
 from .connect import Target, connect, disconnect_controllers, find_controllers, pool_entries
 from .devices import NamespaceDevice, wait_for_namespaces
@@ -53,6 +54,8 @@ from .identity import ensure_host_identity
 from .kernel_quirks import loopback_tcp_warning, thp_mode
 from .mounts import (
     MOUNTINFO,
+    QUOTACHECK_TIMEOUT,
+    MountBusy,
     MountEntry,
     create_mount_point,
     device_number,
@@ -463,6 +466,8 @@ class InitiatorPass:
                     self._act(pool.name, "mkfs.xfs", device, f"uuid {fs_uuid}")
                 if mounted_at(mount, self.seams.mountinfo) is None:
                     self._act(pool.name, "mount", mount, device)
+                else:
+                    self._remount_for_quota(pool, device, mount)
                 continue
             if ensure_filesystem(device, fs_uuid, xfs_label(pool.name, index), self.runner,
                                  superblock=self.seams.superblock, exists=self.seams.exists):
@@ -473,10 +478,40 @@ class InitiatorPass:
                     record.created_dirs += missing  # recorded before they are made
                     self._checkpoint()
                 create_mount_point(mount)
-            if ensure_mounted(device, mount, pool.mount_options, self.runner,
-                              self.seams.mountinfo, self.seams.devnum):
+            options = with_project_quota(pool.mount_options)
+            if ensure_mounted(device, mount, options, self.runner, self.seams.mountinfo,
+                              self.seams.devnum, timeout=QUOTACHECK_TIMEOUT
+                              if wants_project_quota(options) else 120):
                 self._act(pool.name, "mount", mount, device)
+            else:
+                self._remount_for_quota(pool, device, mount)
         return mounts
+
+    def _remount_for_quota(self, pool: InitiatorPool, device: str, mount: str) -> None:
+        """A pool mounted without project quotas (by an older kvagent) is unmounted and
+        mounted again with them: xfs turns quota accounting on only at mount time.
+        Never lazily: while anything holds the mount it is left as it is (logged; health
+        reports the caps advisory) and the next pass tries again."""
+        options = with_project_quota(pool.mount_options)
+        entry = mounted_at(mount, self.seams.mountinfo)
+        if entry is None or not wants_project_quota(options) or \
+                project_quota_mode(entry) != "off":
+            return
+        detail = f"{device} again with {','.join(options)} (project quotas: hard engine caps)"
+        if self.dry_run:
+            self._act(pool.name, "mount", mount, detail)
+            return
+        try:
+            unmount(mount, self.runner, self.seams.mountinfo)
+        except MountBusy as exc:
+            log.warning("mounted without project quotas and busy: engine caps stay advisory "
+                        "until nothing holds it", pool=pool.name, mount=mount)
+            self._act(pool.name, "mount", mount, f"{detail}: {exc.message}", status="skipped")
+            return
+        self._act(pool.name, "umount", mount, "to mount it again with project quotas")
+        ensure_mounted(device, mount, options, self.runner, self.seams.mountinfo,
+                       self.seams.devnum, timeout=QUOTACHECK_TIMEOUT)
+        self._act(pool.name, "mount", mount, detail)
 
     @staticmethod
     def _check_size(pool: InitiatorPool, what: str, size: int | None) -> None:

@@ -21,7 +21,8 @@ class MountEntry:
     device: str  # major:minor
     fstype: str
     source: str
-    options: str
+    options: str  # per-mount options (rw,noatime,...)
+    super_options: str = ""  # the filesystem's own (for xfs: prjquota, ...)
 
 
 def _unescape(text: str) -> str:
@@ -38,7 +39,7 @@ def read_mounts(mountinfo: Path = MOUNTINFO) -> list[MountEntry]:
         if len(fields) < 6 or len(tail) < 2:
             continue
         entries.append(MountEntry(_unescape(fields[4]), fields[2], tail[0], _unescape(tail[1]),
-                                  fields[5]))
+                                  fields[5], tail[2] if len(tail) > 2 else ""))
     return entries
 
 

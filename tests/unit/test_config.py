@@ -47,6 +47,17 @@ def base() -> dict:
     }
 
 
+def test_engine_cleaner_is_off_and_gds_checked_by_default() -> None:
+    data = base()
+    data["initiator"]["pools"][0]["engines"] = [
+        {"kind": "vllm", "cleaner": {"enabled": True}}, {"kind": "dynamo", "gds": "trust"},
+        {"kind": "lmcache"}]
+    vllm, dynamo, lmcache = parse_config(yaml.safe_dump(data)).initiator.pools[0].engines
+    assert (vllm.cleaner.enabled, vllm.cleaner.high, vllm.cleaner.low) == (True, 95, 85)
+    assert lmcache.cleaner.enabled is False and lmcache.gds == "check"
+    assert dynamo.gds == "trust"
+
+
 def test_base_is_valid() -> None:
     cfg = parse_config(yaml.safe_dump(base()))
     pool = cfg.target.pools[0]
@@ -147,6 +158,22 @@ BROKEN = [
      "initiator.pools[0].engines", "at most 90%"),
     ("unquoted-mode", f"{INI}.engines.0.mode", 750, "initiator.pools[0].engines[0].mode",
      "octal"),
+    ("cleaner-low-above-high", f"{INI}.engines.0.cleaner", {"enabled": True, "high": "80%",
+                                                           "low": "90%"},
+     "initiator.pools[0].engines[0].cleaner.low", "must be below high (80%)"),
+    ("cleaner-watermark-not-percent", f"{INI}.engines.0.cleaner", {"high": "lots"},
+     "initiator.pools[0].engines[0].cleaner.high", "percentage"),
+    ("cleaner-typo", f"{INI}.engines.0.cleaner", {"enabeld": True},
+     "initiator.pools[0].engines[0].cleaner.enabeld", "did you mean 'enabled'"),
+    ("cleaner-without-quotas", f"{INI}", {
+        "name": "llama70b", "target": {"transport": "tcp", "address": "10.0.0.11"},
+        "mount": "/var/lib/kvcache/llama70b", "mount_options": ["noatime", "noquota"],
+        "engines": [{"kind": "vllm", "cleaner": {"enabled": True}}]},
+     "initiator.pools[0].engines[0].cleaner.enabled", "noquota"),
+    ("gds-on-lmcache", f"{INI}.engines.0.gds", "trust", "initiator.pools[0].engines[0].gds",
+     "only dynamo"),
+    ("gds-unknown", f"{INI}.engines", [{"kind": "dynamo", "gds": "ignore"}],
+     "initiator.pools[0].engines[0].gds", "check"),
     ("bad-duration", f"{INI}.connect", {"reconnect_delay": "soon"},
      "initiator.pools[0].connect.reconnect_delay", "not a duration"),
     ("target-and-targets", f"{INI}.targets", [{"transport": "tcp", "address": "10.0.0.12"}],

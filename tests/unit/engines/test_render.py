@@ -16,7 +16,9 @@ import yaml
 
 from agent.config.model import EngineKind
 from agent.engines import KINDS, EngineContext, render
+from agent.engines.dynamo import GdsNotReady
 from agent.errors import UsageError
+from agent.system.gds import GdsReadiness
 
 from .helpers import parse_env, probe
 
@@ -201,6 +203,54 @@ def test_dynamo_fallocate_that_reserves_nothing_is_only_noted() -> None:
     r = render("dynamo", ctx("dynamo", ("/mnt/kv/ns0/dynamo",), probes=(p,)))
     assert set(parse_env(r.files["dynamo-kvbm.env"])) == DYNAMO_BASE_KEYS
     assert any("zero-fills only when fallocate reports EOPNOTSUPP" in n for n in r.notes)
+
+
+READY = GdsReadiness("/sys/module/nvidia_fs", "/dev/nvidia-fs0",
+                     "/usr/lib/x86_64-linux-gnu/libcufile.so.0")
+
+
+def test_dynamo_renders_where_gds_is_ready_and_says_so() -> None:
+    r = render("dynamo", ctx("dynamo", ("/mnt/kv/ns0/dynamo",), gds=READY))
+    assert set(parse_env(r.files["dynamo-kvbm.env"])) == DYNAMO_BASE_KEYS
+    assert any("nvidia-fs loaded" in n and READY.cufile in n for n in r.notes), r.notes
+
+
+@pytest.mark.parametrize(("gds", "named"), [
+    (GdsReadiness(None, None, READY.cufile), ["nvidia-fs kernel module is not loaded"]),
+    (GdsReadiness(READY.nvidia_fs_module, None, READY.cufile), ["no device nodes"]),
+    (GdsReadiness(READY.nvidia_fs_module, READY.nvidia_fs_devices, None), ["cuFile"]),
+    (GdsReadiness(None, None, None), ["nvidia-fs kernel module", "cuFile"]),
+])
+def test_dynamo_refuses_without_gds_naming_what_is_missing(gds: GdsReadiness,
+                                                           named: list[str]) -> None:
+    with pytest.raises(GdsNotReady) as info:
+        render("dynamo", ctx("dynamo", ("/mnt/kv/ns0/dynamo",), gds=gds))
+    err = info.value
+    assert not isinstance(err, UsageError)  # the host, not the config: exit 1
+    assert "GPUDirect Storage" in err.message and "#6032" in err.message
+    for words in named:
+        assert words in err.message
+    assert "modprobe nvidia-fs" in err.hint and "gds: trust" in err.hint
+
+
+def test_dynamo_not_checked_says_so() -> None:
+    r = render("dynamo", ctx("dynamo", ("/mnt/kv/ns0/dynamo",)))
+    assert any("not checked (gds: trust)" in n for n in r.notes)
+
+
+@pytest.mark.parametrize("kind", ["lmcache", "vllm", "sglang", "mooncake"])
+def test_only_dynamo_depends_on_gds(kind: EngineKind) -> None:
+    """The other renderers never refuse for GDS (LMCache's gds_path is not rendered)."""
+    r = render(kind, ctx(kind, (f"/mnt/kv/ns0/{kind}",), gds=GdsReadiness(None, None, None)))
+    assert r.files and "gds_path" not in "".join(r.files.values())
+
+
+@pytest.mark.parametrize("kind", ["lmcache", "vllm", "sglang"])
+def test_notes_promise_no_cleanup_that_does_not_exist(kind: EngineKind) -> None:
+    """Caps are hard limits (project quotas); nothing is deleted unless the cleaner is on."""
+    notes = " ".join(render(kind, ctx(kind, (f"/mnt/kv/ns0/{kind}",))).notes)
+    assert "cleanup" not in notes
+    assert "project quota" in notes and "engines[].cleaner" in notes
 
 
 # ------------------------------------------------------------------ SGLang

@@ -229,10 +229,16 @@ node:
             out[left.split()[4]] = right.split()[1]
         return out
 
-    def mount_line(self, device: str, path: str, number: str | None = None) -> None:
+    def mount_line(self, device: str, path: str, number: str | None = None,
+                   options: tuple[str, ...] = ()) -> None:
+        """A mountinfo line as the kernel writes it for an xfs mounted with ``options``
+        (the superblock options show prjquota / pqnoenforce as xfs does)."""
         number = number or self.devnum(device)
+        quota = ("prjquota" if {"prjquota", "pquota"} & set(options) else
+                 "pqnoenforce" if "pqnoenforce" in options else None)
+        super_options = "rw,attr2,inode64" + (f",{quota}" if quota else "")
         with self.mountinfo.open("a") as f:
-            f.write(f"99 21 {number} / {path} rw,noatime - xfs {device} rw\n")
+            f.write(f"99 21 {number} / {path} rw,noatime - xfs {device} {super_options}\n")
 
     def _mount(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
         device, path = argv[-2], argv[-1]
@@ -241,7 +247,8 @@ node:
         if saved.is_dir():
             for child in saved.iterdir():
                 shutil.move(str(child), path)
-        self.mount_line(device, path)
+        options = tuple(self.opt(argv, "-o").split(",")) if "-o" in argv else ()
+        self.mount_line(device, path, options=options)
         return self.ok(argv)
 
     def _umount(self, argv: tuple[str, ...], _: str | None) -> CommandResult:

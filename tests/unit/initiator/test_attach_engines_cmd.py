@@ -19,6 +19,7 @@ from agent.cli.main import main
 from agent.config import load_config
 from agent.engines import handoff
 from agent.state import write_json
+from agent.system.gds import GdsReadiness
 from tests.unit.engines.helpers import parse_env, probe
 
 UID, GID = os.getuid(), os.getgid()
@@ -33,6 +34,10 @@ class Lab:
         monkeypatch.setattr(handoff, "mounted_at",
                             lambda path, mountinfo=None: object() if path in self.mounted
                             else None)
+        # This host's GPUDirect Storage, as agent.system.gds.probe_gds would find it.
+        self.gds = GdsReadiness("/sys/module/nvidia_fs", "/dev/nvidia-fs0",
+                                "/usr/lib/x86_64-linux-gnu/libcufile.so.0")
+        monkeypatch.setattr(handoff, "probe_gds", lambda: self.gds)
         self.config = root / "kvagent.yaml"
         self.config.write_text(f"""
 version: 1
@@ -102,6 +107,32 @@ def test_json_output_carries_files_notes_and_capacity(lab: Lab) -> None:
     assert out["probes_from"] == "record"
     assert any("O_DIRECT" in n for n in out["notes"])
     assert res.stderr == ""
+
+
+def test_dynamo_is_refused_without_gpudirect_storage(lab: Lab) -> None:
+    """Disk-only KVBM needs GDS: no nvidia-fs (or no cuFile) is exit 1, naming what is
+    missing and how to get it, and no file is printed."""
+    lab.attach()
+    lab.gds = GdsReadiness(None, None, "/usr/local/cuda/lib64/libcufile.so.0")
+    res = lab.run("engines", "render", "kv", "--engine", "dynamo")
+    assert res.exit_code == 1, res.output
+    assert "nvidia-fs kernel module is not loaded" in res.output
+    assert "cuFile" not in res.output.split("missing:")[1].split("hint")[0]
+    assert "modprobe nvidia-fs" in res.output and "gds: trust" in res.output
+    assert "DYN_KVBM" not in res.output
+    lab.gds = GdsReadiness("/proc/driver/nvidia-fs", "/dev/nvidia-fs0", None)
+    res = lab.run("engines", "render", "kv", "--engine", "dynamo")
+    assert res.exit_code == 1 and "cuFile (libcufile.so) is not installed" in res.output
+    # The same host renders the engines that do not depend on GDS.
+    assert lab.run("engines", "render", "kv", "--engine", "lmcache").exit_code == 0
+
+
+def test_dynamo_with_gds_ready_says_so_in_its_notes(lab: Lab) -> None:
+    lab.attach()
+    res = lab.run("-o", "json", "engines", "render", "kv", "--engine", "dynamo")
+    assert res.exit_code == 0, res.output
+    notes = json.loads(res.stdout)["notes"]
+    assert any("nvidia-fs loaded" in n and "libcufile.so.0" in n for n in notes), notes
 
 
 def test_the_same_text_as_apply_would_write(lab: Lab) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from agent.health.snapshot import (
     ApplySummary,
+    CleanerState,
     ControllerHealth,
     DriveHealth,
     EngineUsage,
@@ -38,8 +39,10 @@ def initiator_pool(**kw: object) -> PoolHealth:
             controllers_expected=2, controllers_live=2, namespaces_expected=2,
             namespaces_found=2, mount_path="/srv/kv", mounted=True, size_bytes=100 * GIB,
             free_bytes=60 * GIB,
-            engines=(EngineUsage("lmcache", 30 * GIB, 45 * GIB, "/srv/kv/lmcache"),
-                     EngineUsage("vllm", 10 * GIB, 45 * GIB, "/srv/kv/vllm"))),
+            engines=(EngineUsage("lmcache", 30 * GIB, 45 * GIB, "/srv/kv/lmcache", "quota",
+                                 True),
+                     EngineUsage("vllm", 10 * GIB, 45 * GIB, "/srv/kv/vllm", "quota", True,
+                                 cleaner=CleanerState(True, 2, 1500, 3 * GIB, T0 - 60)))),
         "probe": {"odirect": True, "fallocate": False, "read_mib_s": 812.5},
     }
     args.update(kw)

@@ -229,6 +229,7 @@ def clean(directory: str, mount: str, engine: EngineConfig, quota: QuotaOps,
     with progress.step(f"cleaning {directory}", CLEAN_BOUND):
         victims = select_oldest(scan(directory, progress.checkpoint), need)
         files, freed = delete(directory, victims, progress.checkpoint)
+    os.statvfs(mount)  # xfs frees unlinked inodes in the background; statfs waits for it
     after = quota.get(mount, projid).used_bytes
     run = CleanRun(directory, cap, used, after, files, freed)
     log.info("engine cleaner ran", directory=directory, files=files, bytes=freed,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import progress
+from .. import failpoints, progress
 from ..config.model import EngineConfig
 from ..errors import KvagentError
 from ..log import get_logger
@@ -229,6 +229,7 @@ def clean(directory: str, mount: str, engine: EngineConfig, quota: QuotaOps,
     with progress.step(f"cleaning {directory}", CLEAN_BOUND):
         victims = select_oldest(scan(directory, progress.checkpoint), need)
         files, freed = delete(directory, victims, progress.checkpoint)
+    failpoints.step("engine.clean", directory)
     os.statvfs(mount)  # xfs frees unlinked inodes in the background; statfs waits for it
     after = quota.get(mount, projid).used_bytes
     run = CleanRun(directory, cap, used, after, files, freed)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .. import progress
+from .. import failpoints, progress
 from ..config.model import EngineConfig
 from ..errors import KvagentError
 from ..log import get_logger
@@ -107,6 +107,7 @@ def ensure_caps(state_dir: Path | str, pool: str, mounts: Sequence[str],
             if quota.project(directory) != Project(projid, True) or tagged.get(directory) != projid:
                 with progress.step(f"putting {directory} in xfs project {projid}", TAG_BOUND):
                     n = quota.tag(directory, projid, progress.checkpoint)
+                failpoints.step("quota.project", directory)
                 tagged[directory] = projid
                 write_json(record_file, {"tagged": dict(sorted(tagged.items()))})
                 changes.append(CapChange("engine.quota.project", directory,
@@ -117,6 +118,7 @@ def ensure_caps(state_dir: Path | str, pool: str, mounts: Sequence[str],
             have = quota.get(mount, projid).hard_limit_bytes
             if have != want:
                 quota.set_limit(mount, projid, want)
+                failpoints.step("quota.limit", directory)
                 changes.append(CapChange("engine.quota.limit", directory,
                                          f"hard limit {have} -> {want} bytes (project {projid})",
                                          engine.kind))

@@ -280,6 +280,8 @@ def _unavailable(exc: OSError, mount: str, what: str) -> QuotaUnavailable:
     }
     reason = reasons.get(exc.errno or 0, exc.strerror or str(exc))
     return QuotaUnavailable(f"cannot {what} the project quota on {mount}: {reason}",
+                            "engine caps stay advisory there; to run without project "
+                            "quotas on purpose, add noquota to the pool's mount_options",
                             errno=exc.errno)
 
 

@@ -199,3 +199,20 @@ def test_dynamo_with_gds_trust_is_rendered_without_looking(host: FakeHost) -> No
     assert result.ok, result.errors
     env = (host.root / "state/engines/kv/dynamo/dynamo-kvbm-0.env").read_text()
     assert "DYN_KVBM_DISK_CACHE_DIR" in env
+
+
+def test_detach_forgets_the_quota_and_cleaner_records(host: FakeHost) -> None:
+    engines = ("kind: vllm, cleaner: {enabled: true}", "kind: lmcache")
+    assert run(host, pool_yaml(host, engines)).ok
+    record = host.root / "state/quota/kv.json"
+    assert record.exists()
+    (host.root / "state/cleaner").mkdir()
+    (host.root / "state/cleaner/kv.json").write_text("{}")
+    cfg = host.config("initiator:\n  pools: []\n")
+    result = RunResult(dry_run=False)
+    initiator = InitiatorPass(cfg, host.runner, result, sysfs=host.sysfs, cli=host.cli,
+                              seams=host.seams())
+    for name in initiator.detach_removed():
+        forget(cfg, name, result)
+    assert result.ok, result.errors
+    assert not record.exists() and not (host.root / "state/cleaner/kv.json").exists()

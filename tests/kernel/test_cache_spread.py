@@ -43,7 +43,7 @@ from .pools import (
     remove_volume_group,
 )
 
-pytestmark = pytest.mark.kernel(group="cache-storage", weight=1.5)
+pytestmark = pytest.mark.kernel(group="cache-storage", weight=2)
 PREFIX = "nqn.2026-11.io.kvagent"
 #: Each drive's read cap: low enough that four of them stay below what NVMe/TCP over
 #: loopback moves under TCG, so the drives, not the path, set the pace.

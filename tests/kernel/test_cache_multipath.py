@@ -1,7 +1,7 @@
 """Multipath on the real kernel: one pool exported over NVMe/RDMA (soft-RoCE) and NVMe/TCP.
 
-The storage side says RDMA optimized, TCP non-optimized (``ana_state`` on the TCP port;
-RDMA keeps the default). The GPU side attaches the pool through both ports:
+The storage side says RDMA optimized, TCP non-optimized (``ana_state`` of each port: the
+two lines docs/configuration.md shows). The GPU side attaches the pool through both ports:
 
 - ``iopolicy: queue-depth`` on 6.1: the kernel refuses it (EINVAL); the pool's error names
   the kernel it needs, and the pool is attached anyway with the kernel's policy;
@@ -11,6 +11,8 @@ RDMA keeps the default). The GPU side attaches the pool through both ports:
 - fio writes (crc32c verified) while the RDMA port's link to the subsystem is removed:
   writes went over RDMA only (ANA), then over TCP, with no error; an apply links the
   port again and both paths are live again;
+- the preference turned around (TCP optimized) on live paths: two configfs writes, the
+  GPU host sees the new states, no controller reconnects;
 - ``kvagent status`` (the collector) shows the iopolicy of each controller.
 """
 
@@ -50,16 +52,18 @@ class Laps:
         self.last = now
 
 
-def config_text(lab: Lab, rdma: str, iopolicy: str) -> str:
+def config_text(lab: Lab, rdma: str, iopolicy: str, prefer: str = "rdma") -> str:
+    rdma_state, tcp_state = (("optimized", "non-optimized") if prefer == "rdma"
+                             else ("non-optimized", "optimized"))
     return f"""
 version: 1
 node: {{name: lab, nqn_prefix: {PREFIX}, state_dir: {lab.state}, run_dir: {lab.root}/run}}
 target:
   ports:
     - {{name: rdma, id: {RDMA_PORT}, transport: rdma, address: {rdma}, service: 4420,
-       ana_state: optimized}}
+       ana_state: {rdma_state}}}
     - {{name: tcp, id: {TCP_PORT}, transport: tcp, address: 127.0.0.1, service: 4420,
-       ana_state: non-optimized}}
+       ana_state: {tcp_state}}}
   pools:
     - name: kv
       backing: {{kind: file, directory: {lab.root}/files, buffered_io: true}}
@@ -213,6 +217,22 @@ def test_one_pool_over_rdma_and_tcp_with_ana_iopolicy_and_a_path_outage(lab: Lab
                  for t, p in paths_by_transport(sub).items()}
     assert ana_after == ana
     lap("fio finished")
+
+    # The preference turned around on live paths: two configfs writes, the GPU host
+    # follows (an ANA change event), nothing reconnects.
+    before = {c.name: kit.read(c / "state") for c in kit.controllers_for(nqn)}
+    lab.write(config_text(lab, rxe.address, "round-robin", prefer="tcp"))
+    swapped = lab.apply()
+    assert_ok(swapped)
+    assert swapped.configfs_writes == 2, swapped.actions
+    want = {"rdma": {1: "non-optimized", 2: "non-optimized"},
+            "tcp": {1: "optimized", 2: "optimized"}}
+    kit.wait_for(lambda: {t: {n: kit.read(f"/sys/block/{node}/ana_state")
+                              for n, node in p.items()}
+                          for t, p in paths_by_transport(sub).items()} == want, 30,
+                 what="the GPU host to see the swapped ANA states")
+    assert {c.name: kit.read(c / "state") for c in kit.controllers_for(nqn)} == before
+    lap("ANA preference swapped on live paths")
 
     snap = collect(load_config(lab.config), default_runner(), drives=False)
     doc = to_status_json(snap)

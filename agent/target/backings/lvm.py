@@ -372,7 +372,9 @@ class LvmDriver:
                 f"pool {pool.name}: volume group {vg.name} has {vg.free} bytes free, "
                 f"the pool needs {needed} more")
         if plan.errors:
-            plan.steps = []
+            plan.steps = []  # nothing half-made: not even the group
+            if creating.get(backing.volume_group, ("",))[0] == pool.name:
+                del creating[backing.volume_group]  # another pool may create it instead
         return plan
 
     def _place(self, ctx: PassContext, pool: TargetPool, host: str | None, size: int,

@@ -310,3 +310,29 @@ def test_impossible_placements_are_config_errors(backing: dict, where: str, what
     with pytest.raises(ConfigError) as info:
         lvm_config([("kv", backing)])
     assert f"target.pools[0].{where}: " in str(info.value) and what in str(info.value)
+
+
+def test_a_refused_pool_does_not_leave_its_group_half_planned(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool that would create the group is refused (no room): the next pool of the
+    group is not told the group is on its way (its lvcreate would fail), it says the group
+    does not exist."""
+    sysfs = tmp_path / "sys"
+    for name in ("nvme0n1", "nvme1n1"):
+        (sysfs / "class/block" / name).mkdir(parents=True)
+        (sysfs / "class/block" / name / "size").write_text(f"{4 * GIB // 512}\n")
+    monkeypatch.setattr(lvm, "ensure_blank", lambda dev, purpose, runner: "/dev/" + dev[-7:])
+    devices = [f"/dev/disk/by-id/{n}" for n in ("nvme0n1", "nvme1n1")]
+    cfg = parse_config(yaml.safe_dump({"version": 1, "node": {
+        "name": "stor", "sysfs": str(sysfs)}, "target": {
+        "ports": [{"name": "p", "id": 1, "transport": "tcp", "address": "127.0.0.1"}],
+        "pools": [{"name": name, "ports": ["p"], "hosts": [{"name": "gpu-1", "nqn": H1}],
+                   "namespaces": {"count": 1, "size": size},
+                   "backing": {"kind": "lvm", "volume_group": "new", "devices": devs}}
+                  for name, size, devs in (("big", "8GiB", devices), ("kv", "1GiB", []))]}}))
+    runner = (FakeRunner().on(["lvs"], stdout=json.dumps({"report": [{"lv": []}]}))
+              .on(["vgs"], stdout=json.dumps({"report": [{"vg": []}]})))
+    ctx = context(cfg, runner)
+    big, kv = (plan_of(cfg, ctx, p) for p in cfg.target.pools)
+    assert big.steps == [] and "no device of the volume group has the 8.0 GiB" in big.errors[0]
+    assert kv.steps == [] and "volume group 'new' does not exist" in kv.errors[0]

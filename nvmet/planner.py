@@ -41,6 +41,8 @@ from .reader import FEATURE_NAMES, Features
 OPS = ("mkdir", "rmdir", "write", "symlink", "unlink")
 MAX_NSID = 0xFFFFFFFE
 MAX_ANA_GROUPS = 128
+#: The state of ANA group 1 on a port nvmet just created (nvmet_ports_make).
+DEFAULT_ANA_STATE = "optimized"
 
 
 @dataclass(frozen=True)
@@ -481,7 +483,8 @@ class _Planner:
                 out.append(a)
                 keys.add(a.key)
         if port.ana_groups is not None:
-            live_groups = (lport.ana_groups or {}) if lport else {1: None}
+            # A new port comes with group 1 in the kernel's default state.
+            live_groups = (lport.ana_groups or {}) if lport else {1: DEFAULT_ANA_STATE}
             for grp, state in port.ana_groups.items():
                 gpath = join(path, "ana_groups", str(grp))
                 if grp not in live_groups:

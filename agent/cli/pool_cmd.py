@@ -21,7 +21,7 @@ def pool_group() -> None:
 @pool_group.command("list")
 def pool_list() -> None:
     """Pools in the config or in kvagent's records, with what is exported now."""
-    pools = list_pools(load_cli_config())
+    pools = list_pools(load_cli_config(), runner=default_runner())
 
     def text(rows: list[dict]) -> str:
         if not rows:
@@ -36,7 +36,13 @@ def pool_list() -> None:
                 "configured, not exported" if p["configured"] else "unexported (data kept)")
             body.append([p["name"], b.get("kind", "?"), where, ",".join(p["hosts"]) or "-",
                          f"{en}/{ns}", state])
-        return table(body, ["POOL", "BACKING", "WHERE", "HOSTS", "NS ENABLED", "STATE"])
+        out = table(body, ["POOL", "BACKING", "WHERE", "HOSTS", "NS ENABLED", "STATE"])
+        ns_rows = [[p["name"], ns["host"] or "(shared)", str(ns["nsid"]), ns["storage"],
+                    "?" if ns["devices"] is None else ",".join(ns["devices"]) or "-"]
+                   for p in rows for ns in p["namespaces"]]
+        if ns_rows:
+            out += "\n\n" + table(ns_rows, ["POOL", "HOST", "NSID", "STORAGE", "DEVICES"])
+        return out
 
     emit({"pools": pools}, lambda d: text(d["pools"]))
 

@@ -39,6 +39,9 @@ from .types import (
 Check = Iterator[tuple[tuple[str | int, ...], str]]
 
 Transport = Literal["tcp", "rdma"]
+AnaState = Literal["optimized", "non-optimized", "inaccessible"]
+Placement = Literal["spread", "striped", "linear"]
+IoPolicy = Literal["numa", "round-robin", "queue-depth"]
 EngineKind = Literal["lmcache", "vllm", "dynamo", "sglang", "mooncake"]
 MIB = 1024 * 1024
 #: nvmet allows up to 1024 namespaces per subsystem (NVMET_MAX_NAMESPACES).
@@ -112,6 +115,13 @@ class PortConfig:
         "NVMe/TCP TLS 1.3 on this port (addr_tsas, addr_treq): 'required' refuses every "
         "connection without TLS (discovery too); each host of its pools needs tls.key_file, "
         "and tlshd must run. Needs CONFIG_NVME_TARGET_TCP_TLS (Debian 13's 6.12).", "none")
+    ana_state: AnaState = doc_field(
+        "ANA (asymmetric namespace access) state this port reports for every namespace "
+        "exported on it (nvmet ANA group 1 of the port): GPU hosts with native multipath "
+        "send I/O to 'optimized' paths and use 'non-optimized' ones only when no optimized "
+        "path is left; 'inaccessible' paths carry no I/O. E.g. RDMA optimized, TCP "
+        "non-optimized: ana_state: non-optimized on the TCP port. Applies to every pool on "
+        "the port.", "optimized")
 
     def check(self) -> Check:
         if self.tls != "none" and self.transport != "tcp":
@@ -211,10 +221,37 @@ class LvmBacking:
         "(refused if any carries data). Empty: the group must already exist.",
         (),
     )
+    placement: Placement = doc_field(
+        "Where each new namespace's LV goes on the group's devices (PVs). 'spread': each "
+        "LV on one PV, round-robin over the PVs with room, so that a host's namespaces sit "
+        "on different drives (nvmet has no QoS: spreading is the fairness and bandwidth "
+        "tool); 'striped': each LV striped over the PVs (lvcreate -i/-I); 'linear': LVM "
+        "chooses (it fills one PV before the next). Only new LVs follow it: existing ones "
+        "are never moved.", "spread")
+    stripes: int | None = doc_field(
+        "Stripes per LV with placement: striped (default: every PV of the group).", None,
+        minimum=2, maximum=128)
+    stripe_size: Size = doc_field(
+        "Stripe size with placement: striped: a power of two from 4KiB up to the group's "
+        "extent size (4MiB unless the group was made otherwise).", Size(MIB))
 
     def check(self) -> Check:
         for i, dev, first in duplicates(enumerate(self.devices)):
             yield ("devices", i), f"{dev} is listed twice (also at devices[{first}])"
+        if self.placement == "striped" and len(self.devices) == 1:
+            yield ("placement",), (
+                f"striped needs a volume group of at least 2 devices; devices lists one "
+                f"({self.devices[0]}): list more devices, or use placement: spread or linear")
+        if self.stripes is not None and self.placement != "striped":
+            yield ("stripes",), (f"is only used with placement: striped (placement is "
+                                 f"{self.placement})")
+        if (self.stripes is not None and self.placement == "striped" and self.devices
+                and self.stripes > len(self.devices)):
+            yield ("stripes",), (f"{self.stripes} stripes need {self.stripes} devices; "
+                                 f"devices lists {len(self.devices)}")
+        if self.stripe_size < 4096 or self.stripe_size & (self.stripe_size - 1):
+            yield ("stripe_size",), (f"{self.stripe_size} is not a power of two of at "
+                                     "least 4KiB (e.g. 64KiB, 1MiB)")
 
 
 @dataclass(frozen=True)
@@ -523,6 +560,13 @@ class InitiatorPool:
     tls: TlsPsk | None = doc_field(
         "Connect (and discover) with NVMe/TCP TLS 1.3 using this pre-shared key (default: "
         "none). Needs tlshd running and nvme-cli 2.4 or later.", None)
+    iopolicy: IoPolicy | None = doc_field(
+        "Native multipath I/O policy of the pool's subsystems (/sys/class/nvme-subsystem/"
+        "*/iopolicy): 'numa' (the kernel's default: the nearest optimized path), "
+        "'round-robin' (every optimized path in turn), 'queue-depth' (the optimized path "
+        "with the fewest requests in flight; Linux 6.11 or later). Paths the storage host "
+        "reports non-optimized (ports' ana_state) are used only when no optimized one is "
+        "left. Default: leave the kernel's.", None)
 
     def check(self) -> Check:
         if not self.targets:

@@ -214,6 +214,7 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
     hostnqn = record.hostnqn
     subs = {s.subsysnqn: s for s in record.subsystems}
     heads = {ns.name: ns for ns in sysfs.namespaces()}
+    policies = {sub.nqn: sub.iopolicy for nqn in subs for sub in sysfs.subsystems_of(nqn)}
     ctrls: list[ControllerHealth] = []
     for c in sysfs.controllers():
         if c.subsysnqn not in subs or c.hostnqn != hostnqn:
@@ -223,7 +224,7 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
                       for p in h.paths if p.controller == c.name)
         ctrls.append(ControllerHealth(c.name, pool.name, c.subsysnqn, c.transport,
                                       c.address.traddr or "", c.address.trsvcid or "",
-                                      c.state, paths))
+                                      c.state, paths, policies.get(c.subsysnqn)))
     devices = record.devices
     found = sum(1 for d in devices
                 if any((h.uuid or "").lower() == d.uuid.lower() for h in heads.values()))

@@ -163,6 +163,7 @@ class ControllerHealth:
     trsvcid: str
     state: str  # one of CONTROLLER_STATES, or what the kernel wrote
     paths: tuple[PathAna, ...] = ()
+    iopolicy: str | None = None  # of its subsystem (multipath I/O policy)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ def _iso(epoch: float) -> str:
 def _controller_json(c: ControllerHealth) -> dict[str, Any]:
     return {
         "name": c.name, "pool": c.pool, "subsysnqn": c.subsysnqn, "transport": c.transport,
-        "traddr": c.traddr, "trsvcid": c.trsvcid, "state": c.state,
+        "traddr": c.traddr, "trsvcid": c.trsvcid, "state": c.state, "iopolicy": c.iopolicy,
         "paths": [{"path": p.path, "nsid": p.nsid, "ana_state": p.state} for p in c.paths],
     }
 
@@ -197,10 +197,10 @@ def render_status_text(snapshot: Snapshot) -> str:
         out += ["", "no pools configured"]
     if snapshot.controllers:
         rows = [[c.name, c.pool, c.state, c.transport, f"{c.traddr}:{c.trsvcid}",
-                 " ".join(f"{p.path}={p.state}" for p in c.paths) or "-"]
+                 c.iopolicy or "-", " ".join(f"{p.path}={p.state}" for p in c.paths) or "-"]
                 for c in snapshot.controllers]
         out += ["", table(rows, ["CONTROLLER", "POOL", "STATE", "TRANSPORT", "ADDRESS",
-                                 "ANA"])]
+                                 "IOPOLICY", "ANA"])]
     engine_rows = [[p.name, e.kind, _bytes(e.used_bytes) + ("" if e.complete else "+"),
                     _bytes(e.cap_bytes), "hard" if e.enforced else "advisory", e.source,
                     _cleaner_text(e), _engine_flag(e)]

@@ -51,6 +51,7 @@ from .filesystem import (
     xfs_label,
 )
 from .identity import ensure_host_identity
+from .iopolicy import ensure_iopolicy
 from .kernel_quirks import loopback_tcp_warning, thp_mode
 from .mounts import (
     MOUNTINFO,
@@ -374,6 +375,8 @@ class InitiatorPass:
                 raise exc
         for _, exc in path_errors:  # degraded: the subsystem is reached by another path
             self.result.error("initiator", pool.name, exc.message, exc.hint)
+        if pool.iopolicy is not None:
+            self._iopolicy(pool, pool.iopolicy, list(connected))
         devices: list[NamespaceDevice] = []
         for nqn, controllers in connected.items():
             ctrl = self._live_controller(nqn, controllers, wait)
@@ -400,6 +403,20 @@ class InitiatorPass:
             self._drop_stale(pool.name, old, record)
         record.complete = True
         return mounted
+
+    def _iopolicy(self, pool: InitiatorPool, policy: str, nqns: list[str]) -> None:
+        """The pool's multipath I/O policy on each of its subsystems (sysfs: read, compare,
+        write only when different); a refusal is the pool's error, and the attach goes on
+        with the kernel's policy."""
+        for nqn in nqns:
+            try:
+                changes = ensure_iopolicy(self.sysfs, pool.name, nqn, policy,
+                                          dry_run=self.dry_run)
+            except KvagentError as exc:
+                self.result.error("initiator", pool.name, exc.message, exc.hint)
+                continue
+            for c in changes:
+                self._act(pool.name, "iopolicy", c.subsystem, f"{c.old} -> {c.new}")
 
     def _known_nsids(self, nqn: str, old: PoolAttachment | None) -> list[int]:
         """The namespaces of ``nqn`` from sysfs, when sysfs already answers: the pool was

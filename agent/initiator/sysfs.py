@@ -272,6 +272,22 @@ class Sysfs:
         names = [n for n in _listdir(self.root / "class/nvme-subsystem") if _SUBSYS_RE.match(n)]
         return [s for s in (self.subsystem(n) for n in names) if s]
 
+    def subsystems_of(self, nqn: str) -> list[Subsystem]:
+        """The subsystems (``nvme-subsys<S>``) of NQN ``nqn`` on this host."""
+        root = self.root / "class/nvme-subsystem"
+        names = [n for n in _listdir(root) if _SUBSYS_RE.match(n)
+                 and read_attr(root / n / "subsysnqn") == nqn]
+        return [s for s in (self.subsystem(n) for n in names) if s and s.nqn == nqn]
+
+    def set_iopolicy(self, subsystem: str, policy: str) -> None:
+        """Write a subsystem's multipath I/O policy; the kernel's refusal (``OSError``,
+        e.g. EINVAL for a policy it does not have) reaches the caller."""
+        fd = os.open(self.root / "class/nvme-subsystem" / subsystem / "iopolicy", os.O_WRONLY)
+        try:
+            os.write(fd, policy.encode())
+        finally:
+            os.close(fd)
+
     # -- namespaces -----------------------------------------------------------
     def namespace(self, name: str,
                   block: dict[str, list[str]] | None = None) -> NamespaceHead | None:

@@ -62,3 +62,21 @@ def filesystem_type(path: Path | str, mountinfo: Path = MOUNTINFO) -> str | None
                 best is None or len(mp) >= best[0]):
             best = (len(mp), m.fstype)
     return best[1] if best else None
+
+
+def filesystem_device(path: Path | str, mountinfo: Path = MOUNTINFO) -> str | None:
+    """The source of the filesystem holding ``path`` (its device, e.g. ``/dev/nvme0n1p2``,
+    or ``tmpfs`` for a filesystem without one), matched by the file's ``st_dev`` (the
+    nearest existing parent's if ``path`` does not exist); None if not found."""
+    probe = Path(path)
+    while True:
+        try:
+            dev = os.stat(probe).st_dev
+            break
+        except OSError:
+            if probe.parent == probe:
+                return None
+            probe = probe.parent
+    majmin = f"{os.major(dev)}:{os.minor(dev)}"
+    found = [m.source for m in read_mounts(mountinfo) if m.device == majmin]
+    return found[-1] if found else None

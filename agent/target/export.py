@@ -77,7 +77,10 @@ def desired_port(port: PortConfig, subsystems: Iterable[str], tsas: bool = False
         addr |= {"tsas": "tls1.3", "treq": "required"}
     elif tsas and port.transport == "tcp":
         addr |= {"tsas": "none", "treq": "not specified"}
-    return Port(id=port.id, addr=addr, params=params, subsystems=frozenset(subsystems))
+    # Every namespace kvagent exports is in ANA group 1 (nvmet's default ana_grpid): the
+    # port's state there is what GPU hosts see for each path through this port.
+    return Port(id=port.id, addr=addr, params=params, subsystems=frozenset(subsystems),
+                ana_groups={1: port.ana_state})
 
 
 def desired_hosts(nqns: Iterable[str],

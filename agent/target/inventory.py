@@ -13,13 +13,16 @@ from nvmet.errors import NvmetError
 from ..config.model import Config
 from ..errors import KvagentError, UsageError
 from ..lock import LockHolder, apply_lock
+from ..log import get_logger
 from ..naming import parse_subsystem_nqn
 from ..records import PoolRecord, TargetRecords
-from ..system.run import Runner
+from ..system.run import Runner, default_runner
 from .backings import DRIVERS, driver_for, driver_of_kind
 from .backings.base import Doomed, PassContext
 from .reconcile import nvmet_fs
 from .usage import DeviceUsage
+
+log = get_logger("inventory")
 
 #: How long ``pool destroy`` waits for a running apply (or the agent's pass) to finish.
 DESTROY_LOCK_WAIT = 120.0
@@ -32,10 +35,33 @@ def _live_tree(cfg: Config, fs: nvmet.ConfigFS | None) -> nvmet.Tree | None:
         return None
 
 
-def list_pools(cfg: Config, fs: nvmet.ConfigFS | None = None) -> list[dict[str, Any]]:
-    """Every target pool known from the config or kvagent's records, with its live export."""
+def _devices_behind(records: TargetRecords, runner: Runner) -> dict[str, list[str] | None]:
+    """The devices behind every bound namespace's storage, by storage path (None where
+    they could not be read: the lookup failed)."""
+    by_kind: dict[str, list[str]] = {}
+    for b in records.bindings.values():
+        by_kind.setdefault(b.storage.kind, []).append(b.storage.path)
+    out: dict[str, list[str] | None] = {}
+    for kind, paths in by_kind.items():
+        try:
+            found = driver_of_kind(kind).block_devices(runner, sorted(set(paths)))
+        except KvagentError as exc:
+            log.warning("cannot tell the devices behind the pools' storage", kind=kind,
+                        error=exc.message)
+            out.update(dict.fromkeys(paths))
+            continue
+        out.update({p: list(devs) for p, devs in found.items()})
+    return out
+
+
+def list_pools(cfg: Config, fs: nvmet.ConfigFS | None = None,
+               runner: Runner | None = None) -> list[dict[str, Any]]:
+    """Every target pool known from the config or kvagent's records, with its live export
+    and the devices behind each namespace (an LV's PVs, a file's filesystem's device, a
+    whole device)."""
     records = TargetRecords.load(cfg.node.state_dir)
     live = _live_tree(cfg, fs)
+    behind = _devices_behind(records, runner or default_runner())
     configured = {p.name: p for p in (cfg.target.pools if cfg.target else ())}
     out = []
     for name in sorted(set(configured) | set(records.pools)):
@@ -65,7 +91,8 @@ def list_pools(cfg: Config, fs: nvmet.ConfigFS | None = None) -> list[dict[str, 
             "subsystems": subs,
             "namespaces": [{"nqn": b.nqn, "nsid": b.nsid, "host": b.host, "uuid": b.uuid,
                             "storage": b.storage.path, "storage_kind": b.storage.kind,
-                            "storage_detail": b.storage.detail} for b in bound],
+                            "storage_detail": b.storage.detail,
+                            "devices": behind.get(b.storage.path)} for b in bound],
             "nvmet_readable": live is not None,
         })
     return out

@@ -162,3 +162,8 @@ class BackingDriver(Protocol):
     def doomed(self, ctx: PassContext, name: str, record: PoolRecord | None) -> list[Doomed]:
         """What ``pool destroy`` deletes: only what kvagent provably created for ``name``."""
         ...
+
+    def block_devices(self, runner: Runner, paths: list[str]) -> dict[str, tuple[str, ...]]:
+        """The devices behind each storage path of this kind (``pool list``): an LV's
+        PVs, a file's filesystem's device, a whole device itself."""
+        ...

@@ -23,6 +23,7 @@ from ...config.model import DeviceBacking, TargetPool
 from ...errors import KvagentError
 from ...log import get_logger
 from ...records import DeviceClaim, PoolRecord, Storage, TargetRecords
+from ...system.run import Runner
 from ..identity import (
     DeviceIdentity,
     claim_matches,
@@ -218,3 +219,7 @@ class DeviceDriver:
 
         return [Doomed("device_claim", path, lambda p=path: release(p))
                 for path in sorted(ctx.records.pool_claims(name))]
+
+    def block_devices(self, runner: Runner, paths: list[str]) -> dict[str, tuple[str, ...]]:
+        """Each claimed device itself (its device node)."""
+        return {p: (os.path.realpath(p),) for p in paths}

@@ -35,7 +35,8 @@ from ...records import (
     TargetRecords,
 )
 from ...state import fsync_dir
-from ...system.mounts import filesystem_type
+from ...system.mounts import filesystem_device, filesystem_type
+from ...system.run import Runner
 from ..identity import fresh_ids, legacy_ids
 from ..usage import DeviceUse
 from .base import BackingPlan, Doomed, PassContext, Step, Volume, grantees
@@ -345,6 +346,10 @@ class FileDriver:
         out.append(Doomed("manifest", str(directory / MANIFEST_FILE),
                           lambda: _remove_manifest_and_dirs(directory)))
         return out
+
+    def block_devices(self, runner: Runner, paths: list[str]) -> dict[str, tuple[str, ...]]:
+        """The device of the filesystem each file is on (from the mount table)."""
+        return {p: ((dev,) if (dev := filesystem_device(p)) else ()) for p in paths}
 
 
 def _remove_manifest_and_dirs(directory: Path) -> None:

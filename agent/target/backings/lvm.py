@@ -14,8 +14,9 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
-from ...config.model import LvmBacking, TargetPool
+from ...config.model import Config, LvmBacking, TargetPool
 from ...errors import KvagentError
 from ...log import get_logger
 from ...naming import LVM_OWNER_TAG, lv_name, lv_tags
@@ -25,6 +26,7 @@ from ..identity import fresh_ids, legacy_ids
 from ..safety import ensure_blank
 from ..usage import DeviceUse
 from .base import BackingPlan, Doomed, PassContext, Step, Volume, grantees
+from .placement import PlacementError, PvState, check_striped, choose_spread, new_pv_state
 
 log = get_logger("lvm")
 LVM_TIMEOUT = 120.0
@@ -110,6 +112,69 @@ def owned_volumes_and_groups(runner: Runner) -> tuple[list[LogicalVolume],
     return [v for v in vols if v.owned], groups
 
 
+def physical_volumes(runner: Runner) -> tuple[dict[str, list[PvState]],
+                                                dict[str, tuple[str, ...]]]:
+    """Every group's PVs (free bytes, whose kvagent LVs are on each) and the PVs each LV
+    uses (by LV uuid), from one ``pvs --segments`` (asked only when a new LV is placed or
+    a spread LV grows: a converged pass never runs it)."""
+    rows = _report(runner, ["pvs", "--reportformat", "json", "--units", "b", "--nosuffix",
+                            "--segments", "-o",
+                            "pv_name,vg_name,pv_free,pv_attr,lv_uuid,lv_tags"], "pvseg")
+    groups: dict[str, dict[str, PvState]] = {}
+    used: dict[str, list[str]] = {}
+    seen: set[tuple[str, str]] = set()
+    for r in rows:
+        attr, vg = r.get("pv_attr", "a--"), r.get("vg_name", "")
+        if not vg or not attr.startswith("a") or attr[2:3] == "m":
+            continue  # not in a group, not allocatable, or missing
+        pv = groups.setdefault(vg, {}).setdefault(
+            r["pv_name"], PvState(r["pv_name"], int(r["pv_free"])))
+        lv = r.get("lv_uuid", "")
+        if not lv or (r["pv_name"], lv) in seen:
+            continue
+        seen.add((r["pv_name"], lv))
+        used.setdefault(lv, []).append(r["pv_name"])
+        tags = _tags(r.get("lv_tags", ""))
+        if LVM_OWNER_TAG in tags:
+            probe = LogicalVolume("", vg, "", 0, tags)
+            pv.owners.append((probe.tag_value("kvagent_pool"), probe.tag_value("kvagent_host")))
+        else:
+            pv.owners.append((None, None))
+    return ({vg: list(pvs.values()) for vg, pvs in groups.items()},
+            {lv: tuple(pvs) for lv, pvs in used.items()})
+
+
+def segment_devices(runner: Runner) -> dict[str, tuple[str, ...]]:
+    """The devices under each of kvagent's LVs, by LV path, from ``lvs -o devices`` (one
+    row per segment; ``/dev/sdb(0),/dev/sdc(0)`` for a striped one)."""
+    rows = _report(runner, ["lvs", "--reportformat", "json", "-o",
+                            "lv_path,lv_name,vg_name,devices", f"@{LVM_OWNER_TAG}"], "lv")
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        path = r.get("lv_path") or f"/dev/{r['vg_name']}/{r['lv_name']}"
+        devs = out.setdefault(path, [])
+        for part in (r.get("devices") or "").split(","):
+            dev = part.split("(", 1)[0].strip()
+            if dev and dev not in devs:
+                devs.append(dev)
+    return {path: tuple(devs) for path, devs in out.items()}
+
+
+def device_bytes(device: str, sysfs: str) -> int | None:
+    """Size of a block device from sysfs (``<sysfs>/class/block/<name>/size``), or None."""
+    try:
+        sectors = (Path(sysfs) / "class/block" / os.path.basename(device) / "size").read_text()
+        return int(sectors) * 512
+    except (OSError, ValueError):
+        return None
+
+
+def spread_pools(cfg: Config) -> frozenset[str]:
+    """The configured LVM pools placed with ``spread``."""
+    return frozenset(p.name for p in (cfg.target.pools if cfg.target else ())
+                     if isinstance(p.backing, LvmBacking) and p.backing.placement == "spread")
+
+
 def _round_up(size: int, extent: int) -> int:
     return -(-size // extent) * extent
 
@@ -163,23 +228,47 @@ class LvmDriver:
             ctx.cache["lvm"] = (groups, owned, True)
         return groups, owned
 
+    def _pvs(self, ctx: PassContext, vg: str, new_devices: tuple[str, ...] | None,
+             extent: int) -> list[PvState]:
+        """The PVs of ``vg`` as this pass has planned them so far (one ``pvs`` per pass);
+        for a group this pass creates, its blank devices as they will be."""
+        groups: dict[str, list[PvState]] = ctx.cache.setdefault("lvm.pvs", {})
+        if vg not in groups:
+            if new_devices is not None:
+                groups[vg] = [new_pv_state(d, device_bytes(d, str(ctx.sysfs)) or 0, extent)
+                              for d in new_devices]
+            else:
+                if "lvm.lvpvs" not in ctx.cache:
+                    found, used = physical_volumes(ctx.runner)
+                    ctx.cache["lvm.lvpvs"] = used
+                    for name, pvs in found.items():
+                        groups.setdefault(name, pvs)
+                groups.setdefault(vg, [])
+        return groups[vg]
+
+    def _lv_pvs(self, ctx: PassContext, vg: str, lv_uuid: str) -> tuple[str, ...]:
+        self._pvs(ctx, vg, None, 0)
+        return ctx.cache.get("lvm.lvpvs", {}).get(lv_uuid, ())
+
     def plan(self, ctx: PassContext, pool: TargetPool) -> BackingPlan:
         """Volumes and steps (create the VG on blank devices, create/extend/tag LVs).
 
         A device another pool uses is refused; a volume group that an earlier pool of
-        this pass creates is not created again (``ctx.cache["lvm.creating"]``).
+        this pass creates is not created again (``ctx.cache["lvm.creating"]``). New LVs
+        follow the pool's placement (:mod:`.placement`); existing ones stay where they are.
         """
         backing = pool.backing
         assert isinstance(backing, LvmBacking) and pool.namespaces is not None
         runner = ctx.runner
         plan = BackingPlan()
         vgs, owned = self._lvm(ctx, backing.volume_group)
-        creating: dict[str, tuple[str, tuple[str, ...]]] = ctx.cache.setdefault(
+        creating: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = ctx.cache.setdefault(
             "lvm.creating", {})
         vg = vgs.get(backing.volume_group)
         extent = vg.extent_size if vg else 4 * 1024 * 1024
+        new_devices: tuple[str, ...] | None = None  # the PVs of a group made by this pass
         if vg is None and backing.volume_group in creating:
-            first, devices = creating[backing.volume_group]
+            first, devices, new_devices = creating[backing.volume_group]
             if backing.devices and tuple(backing.devices) != devices:
                 plan.errors.append(
                     f"pool {pool.name}: volume group {backing.volume_group} is created by pool "
@@ -207,12 +296,19 @@ class LvmDriver:
                     plan.errors.append(f"pool {pool.name}: {exc}")
             if plan.errors:
                 return plan
-            creating[backing.volume_group] = (pool.name, tuple(backing.devices))
+            new_devices = tuple(blank)
+            creating[backing.volume_group] = (pool.name, tuple(backing.devices), new_devices)
             plan.steps.append(Step(
                 "lvm.vgcreate", pool.name, backing.volume_group,
                 f"on {', '.join(backing.devices)}",
                 _call(runner, ["vgcreate", "-y", "--addtag", LVM_OWNER_TAG,
                                backing.volume_group, *blank])))
+        if backing.placement == "striped" and backing.stripe_size > extent:
+            plan.errors.append(
+                f"pool {pool.name}: stripe_size {backing.stripe_size} is larger than the "
+                f"extent size of volume group {backing.volume_group} ({extent} bytes); "
+                "LVM stripes within extents: choose a stripe_size up to the extent size")
+            return plan
         by_key = {(v.vg, v.tag_value("kvagent_pool"), v.tag_value("kvagent_host"),
                    v.tag_value("kvagent_ns")): v for v in owned}
         size = _round_up(pool.namespaces.size, extent)
@@ -225,17 +321,23 @@ class LvmDriver:
                 existing = by_key.get((backing.volume_group, pool.name, host or "-", str(nsid)))
                 if existing is None:
                     uuid, nguid = fresh_ids()
-                    needed += size
                     tags = [*lv_tags(pool.name, host, nsid), f"{UUID_TAG}={uuid}",
                             f"{NGUID_TAG}={nguid}"]
+                    try:
+                        where, before, after, taken = self._place(
+                            ctx, pool, host, size, extent, new_devices, subject)
+                    except PlacementError as exc:
+                        plan.errors.append(f"pool {pool.name}: {exc}")
+                        continue
+                    needed += taken
                     plan.steps.append(Step(
-                        "lvm.lvcreate", pool.name, subject, f"{size} bytes",
+                        "lvm.lvcreate", pool.name, subject, f"{size} bytes{where}",
                         _call(runner, ["lvcreate", "-y", "-Wy", "-Zy", "-n", name,
-                                       "-L", f"{size}b",
+                                       "-L", f"{size}b", *before,
                                        *[a for t in tags for a in ("--addtag", t)],
-                                       backing.volume_group]),
+                                       backing.volume_group, *after]),
                         volume=(host, nsid)))
-                    storage = Storage("lvm", path, f"LV {subject}, to be created")
+                    storage = Storage("lvm", path, f"LV {subject}, to be created{where}")
                 else:
                     uuid = existing.tag_value(UUID_TAG) or ""
                     nguid = existing.tag_value(NGUID_TAG) or ""
@@ -249,9 +351,16 @@ class LvmDriver:
                     storage = Storage("lvm", path, f"LV {subject}, lv uuid {existing.lv_uuid}")
                     if existing.size < size:
                         needed += size - existing.size
+                        try:
+                            on = self._grow_on(ctx, backing, existing, size - existing.size,
+                                               subject)
+                        except PlacementError as exc:
+                            plan.errors.append(f"pool {pool.name}: {exc}")
+                            continue
                         plan.steps.append(Step(
-                            "lvm.lvextend", pool.name, subject, f"{existing.size} -> {size} bytes",
-                            _call(runner, ["lvextend", "-L", f"{size}b", existing.path]),
+                            "lvm.lvextend", pool.name, subject,
+                            f"{existing.size} -> {size} bytes" + (f" on {on[0]}" if on else ""),
+                            _call(runner, ["lvextend", "-L", f"{size}b", existing.path, *on]),
                             grown=path, volume=(host, nsid)))
                     elif existing.size > size:
                         log.warning("volume is larger than configured; kvagent never shrinks",
@@ -262,8 +371,55 @@ class LvmDriver:
             plan.errors.append(
                 f"pool {pool.name}: volume group {vg.name} has {vg.free} bytes free, "
                 f"the pool needs {needed} more")
-            plan.steps = []
+        if plan.errors:
+            plan.steps = []  # nothing half-made: not even the group
+            if creating.get(backing.volume_group, ("",))[0] == pool.name:
+                del creating[backing.volume_group]  # another pool may create it instead
         return plan
+
+    def _place(self, ctx: PassContext, pool: TargetPool, host: str | None, size: int,
+               extent: int, new_devices: tuple[str, ...] | None,
+               subject: str) -> tuple[str, list[str], list[str], int]:
+        """Where a new LV goes: (a description, lvcreate arguments before and after the
+        group's name, the bytes it takes)."""
+        b = pool.backing
+        assert isinstance(b, LvmBacking)
+        if b.placement == "linear":
+            return "", [], [], size
+        pvs = self._pvs(ctx, b.volume_group, new_devices, extent)
+        if b.placement == "spread":
+            pv = choose_spread(pvs, pool.name, host, size, spread_pools(ctx.cfg), subject)
+            return f" on {pv.name}", [], [pv.name], size
+        if len(pvs) < 2:
+            names = ", ".join(p.name for p in pvs) or "no devices"
+            raise PlacementError(
+                f"placement striped needs a volume group of at least 2 devices; "
+                f"{b.volume_group} has {len(pvs)} ({names}): add devices to it (vgextend), or "
+                "use placement: spread or linear")
+        stripes = b.stripes or len(pvs)
+        total = _round_up(size, extent * stripes)
+        check_striped(pvs, stripes, total, subject)
+        return (f" in {stripes} stripes of {b.stripe_size}",
+                ["-i", str(stripes), "-I", f"{b.stripe_size // 1024}k"], [], total)
+
+    def _grow_on(self, ctx: PassContext, backing: LvmBacking, lv: LogicalVolume, more: int,
+                 subject: str) -> list[str]:
+        """The PV a spread LV grows on: the one it is on (``[]``: LVM chooses; an LV of
+        another placement, or one already on several PVs)."""
+        if backing.placement != "spread":
+            return []
+        on = self._lv_pvs(ctx, lv.vg, lv.lv_uuid)
+        if len(on) != 1:
+            return []
+        pv = next((p for p in self._pvs(ctx, lv.vg, None, 0) if p.name == on[0]), None)
+        if pv is None or pv.free < more:
+            free = "unknown" if pv is None else f"{pv.free} bytes"
+            raise PlacementError(
+                f"{subject} grows by {more} bytes on its device {on[0]} (placement spread "
+                f"keeps a namespace on one device), which has {free} free: free space there, "
+                "or set placement: linear to let it span devices")
+        pv.free -= more
+        return [pv.name]
 
     def doomed(self, ctx: PassContext, name: str, record: PoolRecord | None) -> list[Doomed]:
         if record is not None and record.kind != self.kind:
@@ -272,3 +428,10 @@ class LvmDriver:
         return [Doomed("logical_volume", v.path,
                        lambda v=v: remove_volume(ctx.runner, v, name))
                 for v in owned if v.tag_value("kvagent_pool") == name]
+
+    def block_devices(self, runner: Runner, paths: list[str]) -> dict[str, tuple[str, ...]]:
+        """Each LV's PVs, from its segments (``lvs -o devices``; one run for all)."""
+        if not paths:
+            return {}
+        segments = segment_devices(runner)
+        return {p: segments.get(p, ()) for p in paths}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +117,17 @@ def nqn(host: str | None, pool: str = "kv") -> str:
     return f"{PREFIX}:{pool}" + (f":{host}" if host else "")
 
 
+
+
+def pvs_json(*rows: tuple[str, str, int, str, str]) -> str:
+    """``pvs --segments`` JSON: (pv, vg, pv_free, lv_uuid, lv_tags) per segment (``""`` lv:
+    free space)."""
+    return json.dumps({"report": [{"pvseg": [
+        {"pv_name": pv, "vg_name": vg, "pv_free": str(free), "pv_attr": "a--",
+         "lv_uuid": lv, "lv_tags": tags} for pv, vg, free, lv, tags in rows]}]})
+
+
+def empty_pvs(*vgs: str, count: int = 2, free: int = 1 << 50) -> str:
+    """``count`` empty PVs per volume group, each with ``free`` bytes."""
+    return pvs_json(*[(f"/dev/{vg}-pv{i}", vg, free, "", "") for vg in vgs
+                      for i in range(count)])

@@ -14,7 +14,7 @@ from agent.target.backings.lvm import list_owned_volumes
 from agent.target.identity import DeviceIdentity, legacy_ids
 from tests.unit.fakerunner import FakeRunner
 
-from .helpers import context, one_pool_config, plan_of
+from .helpers import context, empty_pvs, one_pool_config, plan_of, pvs_json
 
 GIB = 1024**3
 NQN = "nqn.2026-11.io.kvagent:stor:kv:gpu-1"
@@ -33,8 +33,10 @@ def lvs_json(*rows: tuple[str, int, str]) -> str:
          "lv_tags": tags, "lv_uuid": f"LVUUID-{n}"} for n, size, tags in rows]}]})
 
 
-def lvm_runner(lvs: str = lvs_json(), free: int = 100 * GIB) -> FakeRunner:
+def lvm_runner(lvs: str = lvs_json(), free: int = 100 * GIB,
+               pvs: str = empty_pvs("vg0", free=50 * GIB)) -> FakeRunner:
     return (FakeRunner().on(["vgs"], stdout=vgs_json(free)).on(["lvs"], stdout=lvs)
+            .on(["pvs"], stdout=pvs)
             .on(["lvcreate"]).on(["lvextend"]).on(["vgcreate"]).on(["lvremove"])
             .on(["lvchange"]))
 
@@ -76,6 +78,10 @@ def test_lvm_creates_volumes_tagged_with_owner_and_identity() -> None:
     v1 = plan.volumes[0]
     assert tags_of(argv) == ["kvagent", "kvagent_pool=kv", "kvagent_host=gpu-1", "kvagent_ns=1",
                              f"kvagent_uuid={v1.uuid}", f"kvagent_nguid={v1.nguid}"]
+    # spread (the default): each on a PV of its own, named after the group.
+    plan.steps[1].run()
+    assert [c[-2:] for c in runner.ran("lvcreate")] == [("vg0", "/dev/vg0-pv0"),
+                                                        ("vg0", "/dev/vg0-pv1")]
 
 
 def test_lvm_identity_comes_from_the_tags_and_legacy_volumes_get_tagged() -> None:
@@ -105,10 +111,17 @@ def test_lvm_converged_has_no_steps_and_grows_smaller_volumes() -> None:
     same = lvm_runner(lvs_json(("kv_kv_gpu-1_1", GIB, tags.format(1, 1, 1)),
                                ("kv_kv_gpu-1_2", GIB, tags.format(2, 2, 2))))
     assert plan_of(cfg, context(cfg, same)).steps == []
+    assert not same.ran("pvs")  # converged: nothing placed, nothing asked about PVs
+    # A spread LV grows on the PV it is on.
+    on_pv1 = pvs_json(("/dev/vg0-pv0", "vg0", 50 * GIB, "", ""),
+                      ("/dev/vg0-pv1", "vg0", 50 * GIB, "LVUUID-kv_kv_gpu-1_1", tags))
     smaller = lvm_runner(lvs_json(("kv_kv_gpu-1_1", GIB // 2, tags.format(1, 1, 1)),
-                                  ("kv_kv_gpu-1_2", GIB, tags.format(2, 2, 2))))
+                                  ("kv_kv_gpu-1_2", GIB, tags.format(2, 2, 2))), pvs=on_pv1)
     (step,) = plan_of(cfg, context(cfg, smaller)).steps
     assert (step.kind, step.grown) == ("lvm.lvextend", "/dev/vg0/kv_kv_gpu-1_1")
+    step.run()
+    assert smaller.ran("lvextend") == [("lvextend", "-L", f"{GIB}b", "/dev/vg0/kv_kv_gpu-1_1",
+                                        "/dev/vg0-pv1")]
 
 
 def test_lvm_untagged_volume_with_our_name_is_not_ours() -> None:
@@ -146,6 +159,7 @@ def test_lvm_vg_is_created_only_on_blank_devices(monkeypatch: pytest.MonkeyPatch
     assert seen == ["/dev/disk/by-id/a", "/dev/disk/by-id/b"]
     assert plan.steps == [] and "xfs signature" in plan.errors[0]
     monkeypatch.setattr(lvm, "ensure_blank", lambda dev, purpose, runner: dev + "-real")
+    monkeypatch.setattr(lvm, "device_bytes", lambda dev, sysfs: 10 * GIB)
     runner = lvm_runner()
     plan = plan_of(cfg, context(cfg, runner))
     assert [s.kind for s in plan.steps] == ["lvm.vgcreate", "lvm.lvcreate"]

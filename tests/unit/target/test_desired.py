@@ -27,7 +27,7 @@ from agent.target.identity import DeviceIdentity
 from nvmet.model import Tree
 from tests.unit.fakerunner import FakeRunner
 
-from .helpers import context
+from .helpers import context, empty_pvs
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.yaml"))
 HOSTS = [f"nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000000{i}"
@@ -52,7 +52,8 @@ def runner(cfg: Config) -> FakeRunner:
     rows = [{"vg_name": vg, "vg_size": str(1 << 60), "vg_free": str(1 << 59),
              "vg_extent_size": str(4 << 20), "vg_tags": ""} for vg in sorted(vgs)]
     return (FakeRunner().on(["vgs"], stdout=json.dumps({"report": [{"vg": rows}]}))
-            .on(["lvs"], stdout=json.dumps({"report": [{"lv": []}]})))
+            .on(["lvs"], stdout=json.dumps({"report": [{"lv": []}]}))
+            .on(["pvs"], stdout=empty_pvs(*sorted(vgs))))
 
 
 def check(cfg: Config) -> None:

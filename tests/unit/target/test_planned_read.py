@@ -24,6 +24,7 @@ DRIFTS = {
                   "device_path": "/nowhere.img", "buffered_io": "1"},
     "subsystem": {"attr_allow_any_host": "1"},
     "port": {"addr_trsvcid": "4421", "addr_traddr": "127.0.0.2"},
+    "ana_group": {"ana_state": "inaccessible"},
 }
 
 
@@ -45,7 +46,8 @@ def converged(target: Target, tmp_path: Path):  # type: ignore[no-untyped-def]
 def kind_and_file(path: str) -> tuple[str, str]:
     parts = path.split("/")
     kind = {("hosts", 3): "hosts", ("subsystems", 3): "subsystems",
-            ("subsystems", 5): "namespaces", ("ports", 3): "ports"}[(parts[0], len(parts))]
+            ("subsystems", 5): "namespaces", ("ports", 3): "ports",
+            ("ports", 5): "ana_groups"}[(parts[0], len(parts))]
     return kind, parts[-1]
 
 
@@ -109,7 +111,7 @@ def test_a_drift_in_any_compared_attribute_is_seen_and_fixed_alone(
     name = data.draw(st.sampled_from(sorted(DRIFTS[kind])))
     sub = data.draw(st.sampled_from([nqn("gpu-1"), nqn("gpu-2"), nqn("gpu-1", "kv2")]))
     obj = {"subsystem": f"subsystems/{sub}", "port": "ports/1",
-           "namespace": f"subsystems/{sub}/namespaces/1"}[kind]
+           "namespace": f"subsystems/{sub}/namespaces/1", "ana_group": "ports/1/ana_groups/1"}[kind]
     path = f"{obj}/{name}"
     good = target.fs.read(path)
     target.fs.poke(path, DRIFTS[kind][name])

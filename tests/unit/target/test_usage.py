@@ -124,6 +124,7 @@ def test_a_volume_group_two_pools_share_is_created_once(nodes: dict[str, str],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     a, c = nodes["id-a"], nodes["id-c"]
     monkeypatch.setattr(lvm, "ensure_blank", lambda dev, purpose, runner: dev + "!")
+    monkeypatch.setattr(lvm, "device_bytes", lambda dev, sysfs: 1 << 40)
     # One at a time: the config refuses these together; the plan must be safe anyway.
     cfg = config(lvm_spec("l1", "vgk", a))
     ctx = context(cfg, lvm_runner())

@@ -13,6 +13,7 @@ from agent.health.collect import _initiator_pool
 from agent.health.status import load_status_schema, render_status_text, to_status_json
 from agent.initiator.sysfs import Sysfs
 from agent.records import PoolAttachment, SubsystemPath
+from agent.system.xfsquota import XfsQuota
 from tests.unit.health import samples
 from tests.unit.initiator.fakesysfs import FakeSysfs
 
@@ -55,6 +56,7 @@ initiator:
 """)
     record = PoolAttachment(HOST, "per-namespace", False,
                             subsystems=[SubsystemPath(nqn, "tcp", "10.0.0.1", "4420")])
-    _, ctrls = _initiator_pool(cfg, cfg.initiator.pools[0], record, Sysfs(tmp_path / "sys"))
+    _, ctrls = _initiator_pool(cfg, cfg.initiator.pools[0], record, Sysfs(tmp_path / "sys"),
+                               XfsQuota())
     assert [(c.name, c.iopolicy) for c in ctrls] == [("nvme1", "round-robin"),
                                                     ("nvme2", "round-robin")]

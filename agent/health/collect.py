@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import nvmet
@@ -20,8 +21,9 @@ from nvmet.errors import NvmetError
 from ..config.model import Config, InitiatorPool, TargetPool
 from ..engines.dirs import engine_capacities, engine_dir, usage
 from ..errors import KvagentError
-from ..initiator.mounts import mounted_at
+from ..initiator.mounts import MOUNTINFO, mounted_at
 from ..initiator.sysfs import Sysfs
+from ..initiator.xfsmount import is_shut_down
 from ..log import get_logger
 from ..records import (
     InitiatorRecords,
@@ -58,8 +60,13 @@ HEALTH_SPEC = nvmet.ReadSpec(namespaces=frozenset({"enable"}))
 def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
             sysfs: Sysfs | None = None, last_apply: ApplySummary | None = None,
             counters: LoopCounters | None = None, config_error: str | None = None,
-            drives: bool = True) -> Snapshot:
-    """A snapshot of every pool of this host, its controllers and its local drives."""
+            drives: bool = True, mountinfo: Path = MOUNTINFO,
+            shut_down: Callable[[str], bool] = is_shut_down) -> Snapshot:
+    """A snapshot of every pool of this host, its controllers and its local drives.
+
+    ``mountinfo`` and ``shut_down`` (whether a mounted xfs shut down) are the GPU
+    side's seams for tests.
+    """
     sysfs = sysfs or Sysfs(cfg.node.sysfs)
     pools: list[PoolHealth] = []
     controllers: list[ControllerHealth] = []
@@ -68,7 +75,8 @@ def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
     if cfg.initiator is not None:
         state = _safe_initiator_state(cfg)
         for pool in cfg.initiator.pools:
-            health, ctrls = _initiator_pool(cfg, pool, state.get(pool.name), sysfs)
+            health, ctrls = _initiator_pool(cfg, pool, state.get(pool.name), sysfs,
+                                            mountinfo, shut_down)
             pools.append(health)
             controllers += ctrls
     found_drives = ()
@@ -199,8 +207,22 @@ def _probe_summary(cfg: Config, pool: str) -> dict[str, bool] | None:
             "fallocate": all(p.get("fallocate_ok") for p in probes)}
 
 
+def _shut_down(mounts: list[str], shut_down: Callable[[str], bool]) -> list[str]:
+    """The mounts whose xfs shut down (one ``stat`` each, no I/O on a healthy one)."""
+    out = []
+    for m in mounts:
+        try:
+            if shut_down(m):
+                out.append(m)
+        except OSError as exc:
+            log.warning("cannot stat a pool mount", mount=m, error=str(exc))
+    return out
+
+
 def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | None,
-                    sysfs: Sysfs) -> tuple[PoolHealth, list[ControllerHealth]]:
+                    sysfs: Sysfs, mountinfo: Path = MOUNTINFO,
+                    shut_down: Callable[[str], bool] = is_shut_down,
+                    ) -> tuple[PoolHealth, list[ControllerHealth]]:
     if record is None:
         side = InitiatorSide(controllers_expected=len(pool.targets), controllers_live=0,
                              namespaces_expected=0, namespaces_found=0, mount_path=pool.mount)
@@ -224,7 +246,8 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
     found = sum(1 for d in devices
                 if any((h.uuid or "").lower() == d.uuid.lower() for h in heads.values()))
     mounts = record.mounts
-    mounted = [m for m in mounts if mounted_at(m) is not None]
+    mounted = [m for m in mounts if mounted_at(m, mountinfo) is not None]
+    dead = _shut_down(mounted, shut_down)
     size = free = 0
     for m in mounted:
         try:
@@ -237,7 +260,7 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
     if pool.engines and mounted:
         caps = engine_capacities(size, pool.engines)
         for e in pool.engines:
-            dirs = [engine_dir(m, e.kind) for m in mounted]
+            dirs = [engine_dir(m, e.kind) for m in mounted if m not in dead]
             dirs = [d for d in dirs if os.path.isdir(d)]
             bound = max(1, USAGE_SAMPLE_ENTRIES // max(1, len(dirs)))
             used = sum(usage(d, bound) for d in dirs)
@@ -248,7 +271,9 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
         namespaces_expected=len(devices), namespaces_found=found, mount_path=pool.mount,
         mounted=bool(mounts) and len(mounted) == len(mounts),
         size_bytes=size if mounted else None, free_bytes=free if mounted else None,
-        engines=tuple(engines))
+        engines=tuple(engines), mounts_shut_down=tuple(dead),
+        recoveries=sum(r.count for r in record.recoveries),
+        last_recovery_at=max((r.last_at for r in record.recoveries), default=None))
     problems = []
     for c in ctrls:
         if c.state != "live":
@@ -260,6 +285,10 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
         problems.append(f"{len(devices) - found} of {len(devices)} namespaces missing")
     if len(mounted) < len(mounts):
         problems.append(f"not mounted: {', '.join(sorted(set(mounts) - set(mounted)))}")
+    if dead:
+        problems.append(f"filesystem shut down after I/O errors (a storage outage): "
+                        f"{', '.join(dead)}; kvagent mounts it again once a controller of "
+                        "the pool is live and nothing holds it")
     for e in engines:
         if e.over_cap:
             problems.append(f"engine {e.kind} uses {e.used_bytes} bytes, over its cap "
@@ -268,7 +297,8 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
     if probe and not probe["odirect"]:
         problems.append("O_DIRECT probe failed (engines use their buffered fallback)")
     # A controller that is reconnecting keeps the mount (I/O waits): degraded, not failed.
-    if (not pool.shared and not mounted) or (subs and not ctrls):
+    if (not pool.shared and not mounted) or (subs and not ctrls) or (
+            mounted and len(dead) == len(mounted)):
         state = "failed"
     else:
         state = "degraded" if problems else "ok"

@@ -1,12 +1,16 @@
 """The GPU host as a cache tier on the real 6.1 kernel: fail fast, recover by itself, grow.
 
-- A storage outage under fio and under our own O_DIRECT reads and fsynced writes: the
-  first I/O error comes within ``fast_io_fail_tmo`` + 2 s (the default 5 s, written to
-  the controller's sysfs attribute: nvme-cli 2.3 has no option for it), not later and
-  not at once; the xfs shuts down (its log could not be written); ``kvagent status``
-  and the metrics show it; once the port is back, an apply pass (which relinks the
-  port) refuses to unmount while a process holds the mount, naming it, and the next
-  mounts it again (log recovery): the data fsynced before the outage verifies.
+- A storage outage under fio and under our own O_DIRECT reads and fsynced writes, on a
+  pool with two paths (two target ports, native multipath): the first port going away
+  costs nothing (0 errors for longer than ``fast_io_fail_tmo``: I/O moves to the other
+  path); once the second goes, the first I/O error comes within ``fast_io_fail_tmo`` +
+  2 s (the default 5 s, written to each controller's sysfs attribute: nvme-cli 2.3 has
+  no option for it), not later and not at once: the head fails I/O only when the timer
+  has expired on every path. The xfs shuts down (its log could not be written);
+  ``kvagent status`` and the metrics show it; once the ports are back, an apply pass
+  (which relinks them) refuses to unmount while a process holds the mount, naming it,
+  and the next mounts it again (log recovery): the data fsynced before the outage
+  verifies.
 - Two storage hosts (two configs with their own node names, state and target ports)
   serve one pool; one lists this host under another name (attached by its NQN, with a
   warning). One adds a namespace: the GPU host mounts it at ``store0-ns2`` and leaves
@@ -52,7 +56,7 @@ from .pools import (
 )
 from .test_attach_pools import Laps, write_sectors
 
-pytestmark = pytest.mark.kernel(group="cache-gpu", weight=8)
+pytestmark = pytest.mark.kernel(group="cache-gpu", weight=3.5)
 PREFIX = "nqn.2026-11.io.kvagent"
 MIB = 1 << 20
 FAST_IO_FAIL_TMO = 5  # the default (agent.config.model.FAST_IO_FAIL_TMO)
@@ -132,12 +136,13 @@ node: {{name: lab, nqn_prefix: {PREFIX}, state_dir: {lab.state}, run_dir: {lab.r
     if target:
         text += f"""
 target:
-  ports: [{{name: p, id: 41, transport: tcp, address: 127.0.0.1, service: 4420}}]
+  ports: [{{name: p, id: 41, transport: tcp, address: 127.0.0.1, service: 4420}},
+          {{name: q, id: 44, transport: tcp, address: 127.0.0.1, service: 4421}}]
   pools:
     - name: kv
       backing: {{kind: file, directory: {lab.root}/files, buffered_io: true}}
       namespaces: {{count: 1, size: 300MiB}}
-      ports: [p]
+      ports: [p, q]
       hosts: [{{name: lab, nqn: "{lab.hostnqn}"}}]
 """
     if initiator:  # connect options left at their defaults: fast_io_fail_tmo 5 s
@@ -146,7 +151,8 @@ initiator:
   device_wait: 60s
   pools:
     - name: kv
-      target: {{transport: tcp, address: 127.0.0.1, service: 4420, subsystem: "{nqn}"}}
+      targets: [{{transport: tcp, address: 127.0.0.1, service: 4420, subsystem: "{nqn}"}},
+                {{transport: tcp, address: 127.0.0.1, service: 4421, subsystem: "{nqn}"}}]
       mount: {lab.root}/mnt/kv
 """
     lab.write(text)
@@ -163,10 +169,12 @@ def test_outage_fails_fast_and_the_agent_recovers_the_shut_down_xfs(
     lap("first apply")
     assert_ok(first)
     assert os.path.ismount(mount), "mounted at <mount>/<storage node>-ns<nsid>"
-    (ctrl,) = kit.controllers_for(nqn)
+    ctrls = sorted(kit.controllers_for(nqn), key=lambda c: kit.read(c / "address"))
+    assert len(ctrls) == 2 and "trsvcid=4420" in kit.read(ctrls[0] / "address")
+    ctrl, other = ctrls  # the paths through ports p (4420) and q (4421)
     attrs = ("fast_io_fail_tmo", "ctrl_loss_tmo", "reconnect_delay")
-    assert [kit.read(ctrl / a) for a in attrs] == ["5", "off", "2"]
-    assert sysfs_writes == [(ctrl.name, "fast_io_fail_tmo", "5")]
+    assert [[kit.read(c / a) for a in attrs] for c in ctrls] == [["5", "off", "2"]] * 2
+    assert sorted(sysfs_writes) == sorted((c.name, "fast_io_fail_tmo", "5") for c in ctrls)
     assert "nvme.timeout" in done(first)
 
     # Drift (an operator, another tool): put back; the pass runs no command for it.
@@ -208,7 +216,7 @@ def test_outage_fails_fast_and_the_agent_recovers_the_shut_down_xfs(
             os.fsync(f.fileno())
 
     reader, writer = FirstError("O_DIRECT read", read_step), FirstError("fsync", write_step)
-    link = kit.NVMET / "ports/41/subsystems" / nqn
+    link, link2 = (kit.NVMET / f"ports/{p}/subsystems" / nqn for p in (41, 44))
     fio_exit: float | None = None
     try:
         dev = kit.block_by_uuid(kit.exported_uuid(nqn, 1))
@@ -220,8 +228,19 @@ def test_outage_fails_fast_and_the_agent_recovers_the_shut_down_xfs(
         writer.thread.start()
         time.sleep(0.5)
         assert fio.poll() is None and reader.at is None and writer.at is None
-        outage = time.monotonic()
+        # One path goes: I/O moves to the other, nothing fails, well past the timeout.
         link.unlink()
+        kit.wait_for(lambda: kit.read(ctrl / "state") != "live", 30, interval=0.05,
+                     what="the first path to go down")
+        moved = write_sectors(dev)
+        time.sleep(FAST_IO_FAIL_TMO + 3)
+        assert fio.poll() is None and reader.at is None and writer.at is None, \
+            "I/O failed while another path was live"
+        assert kit.read(other / "state") == "live" and write_sectors(dev) > moved
+        assert kit.read(ctrl / "state") in ("connecting", "resetting")
+        lap(f"one path down for {FAST_IO_FAIL_TMO + 3}s: 0 errors")
+        outage = time.monotonic()  # the last path goes
+        link2.unlink()
         while time.monotonic() - outage < 60:
             if fio_exit is None and fio.poll() is not None:
                 fio_exit = time.monotonic()
@@ -252,7 +271,7 @@ def test_outage_fails_fast_and_the_agent_recovers_the_shut_down_xfs(
     # Not at once (I/O waited for the path), and not later than the timeout allows.
     assert FAST_IO_FAIL_TMO - 1 <= first_error <= FAST_IO_FAIL_TMO + 2, figures
     assert figures["fio exit"] <= FAST_IO_FAIL_TMO + 4, figures
-    assert kit.read(ctrl / "state") in ("connecting", "resetting")
+    assert all(kit.read(c / "state") in ("connecting", "resetting") for c in ctrls)
 
     # The xfs has shut down: its log could not be written (the writes above forced it;
     # a directory fsync makes sure of it).
@@ -275,7 +294,8 @@ def test_outage_fails_fast_and_the_agent_recovers_the_shut_down_xfs(
     assert code == 1 and pool["state"] in ("degraded", "failed"), pool
     assert pool["initiator"]["mount"]["shut_down"] == [str(mount)]
     assert any("filesystem shut down" in p for p in pool["problems"]), pool["problems"]
-    assert any(f"controller {ctrl.name}" in p for p in pool["problems"]), pool["problems"]
+    assert all(any(f"controller {c.name}" in p for p in pool["problems"]) for c in ctrls), \
+        pool["problems"]
     metrics = render_metrics(collect(load_config(lab.config), RecordingRunner(),
                                      drives=False)).decode()
     assert 'kvagent_initiator_mounts_shut_down{pool="kv"} 1.0' in metrics
@@ -287,7 +307,8 @@ def test_outage_fails_fast_and_the_agent_recovers_the_shut_down_xfs(
     try:
         held = lab.apply()
         lap("apply with the port back, mount held")
-        assert kit.read(ctrl / "state") == "live" and link.is_symlink()
+        assert link.is_symlink() and link2.is_symlink()
+        assert any(kit.read(c / "state") == "live" for c in ctrls)
         [error] = [e for e in held.errors if e.role == "initiator"]
         assert f"the xfs on {mount} shut down" in error.message
         assert f"sleep (pid {holder.pid}, cwd)" in error.message, error.message

@@ -396,7 +396,10 @@ class InitiatorPass:
         devices: list[NamespaceDevice] = []
         for nqn, controllers in connected.items():
             ctrl = self._live_controller(nqn, controllers, wait)
-            nsids = self._known_nsids(nqn, old) or self.cli.list_ns(ctrl.name)
+            # list-ns, and what sysfs has already (nvme-cli 2.3 was seen leaving out a
+            # namespace the kernel had added after the connect).
+            nsids = self._known_nsids(nqn, old) or sorted(
+                {*self.cli.list_ns(ctrl.name), *self.sysfs.subsystem_namespaces(nqn)})
             if not nsids:
                 raise KvagentError(f"{nqn} has no namespaces for this host",
                                    "check the pool on the storage host (kvagent status there)")

@@ -1,10 +1,14 @@
 """The GPU-host pass of plan/apply: connect, find, filesystem, mount.
 
-Per pool: discover (or use the configured subsystem), connect idempotently,
-wait for a live controller, wait for each namespace's device (by subsystem and
-nsid; its uuid is the storage's identity), make xfs only on a blank device (or
-accept this host's own: its uuid derives from the namespace's), mount one
-directory per namespace (or one striped volume). Handing the mounted pool to its
+Per pool: discover (or use the configured subsystem; a per-host subsystem the
+storage host offers this host NQN under another host name is attached with a
+warning), connect idempotently, keep the controllers' timeouts (fast_io_fail_tmo:
+:mod:`.timeouts`), wait for a live controller, wait for each namespace's device (by
+subsystem and nsid; its uuid is the storage's identity), make xfs only on a blank
+device (or accept this host's own: its uuid derives from the namespace's), mount one
+directory per namespace, named by storage node and nsid (:mod:`.mountnames`), or one
+striped volume; a mounted xfs that shut down in an outage is mounted again, one
+whose namespace grew is grown (:mod:`.xfsmount`). Handing the mounted pool to its
 engines is the next step (:mod:`agent.engines.handoff`), run by the caller.
 
 kvagent's record of what it attached (:class:`agent.records.PoolAttachment` in
@@ -557,6 +561,8 @@ class InitiatorPass:
         controller is live again: the caller made sure), grown if its namespace grew."""
         if self.seams.shut_down(mount):
             self._recover(pool, device, mount, record)
+            if self.dry_run:
+                return  # nothing more to ask of it until it is mounted again
         if size is None or pool.layout == "striped":
             return
         fs = self.seams.geometry(mount)

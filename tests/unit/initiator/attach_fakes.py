@@ -18,6 +18,7 @@ mounted again).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -142,6 +143,8 @@ class FakeHost:
                          users=lambda m: self.users.get(m, []))
 
     def geometry(self, mount: str) -> Geometry:
+        if mount in self.shutdown:  # as on 6.1: opening its root fails
+            raise OSError(errno.EIO, "Input/output error", mount)
         device = self.mounts()[mount]
         return Geometry(4096, self.fs_bytes.get(device, self.device_bytes(device)) // 4096)
 

@@ -212,6 +212,7 @@ def test_plan_shows_a_recovery_and_changes_nothing(host: FakeHost) -> None:
     host.shutdown.add(mount)
     calls = len(host.runner.calls)
     plan = run(host, pools, dry_run=True)
+    assert plan.ok, plan.errors
     assert [a.kind for a in plan.actions if a.status == "planned"] == ["xfs.recover"]
     assert [c for c in host.runner.calls[calls:] if c[0] in ("umount", "mount")] == []
     assert mount in host.shutdown

@@ -297,12 +297,24 @@ class SubsystemPath:
 
 @dataclass(frozen=True)
 class AttachedDevice:
-    """A namespace found on this GPU host."""
+    """A namespace found on this GPU host, and the directory its filesystem is mounted on
+    (per-namespace layout; None: none yet, or a striped pool's member)."""
 
     subsysnqn: str
     nsid: int
     uuid: str
     device: str
+    mount: str | None = None
+
+
+@dataclass(frozen=True)
+class MountRecovery:
+    """A mount whose xfs shut down (I/O errors in an outage) and that kvagent unmounted
+    and mounted again (log recovery): how often, and when last (wall clock)."""
+
+    mount: str
+    count: int
+    last_at: float
 
 
 @dataclass
@@ -317,16 +329,42 @@ class PoolAttachment:
     mounts: list[str] = field(default_factory=list)
     created_dirs: list[str] = field(default_factory=list)
     complete: bool = False
+    recoveries: list[MountRecovery] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> PoolAttachment:
-        return cls(hostnqn=str(d["hostnqn"]), layout=d.get("layout", "per-namespace"),
+        layout = d.get("layout", "per-namespace")
+        devices = [AttachedDevice(**x) for x in d.get("devices", [])]
+        mounts = [str(m) for m in d.get("mounts", [])]
+        if (layout == "per-namespace" and not d.get("shared") and devices
+                and all(x.mount is None for x in devices) and len(devices) == len(mounts)):
+            # Written before devices named their mount: namespace i was mounted on
+            # mounts[i] (<mount>/ns<i>, by position); it keeps that directory.
+            devices = [AttachedDevice(x.subsysnqn, x.nsid, x.uuid, x.device, m)
+                       for x, m in zip(devices, mounts, strict=True)]
+        return cls(hostnqn=str(d["hostnqn"]), layout=layout,
                    shared=bool(d.get("shared", False)),
                    subsystems=[SubsystemPath(**s) for s in d.get("subsystems", [])],
-                   devices=[AttachedDevice(**x) for x in d.get("devices", [])],
-                   mounts=list(d.get("mounts", [])),
+                   devices=devices, mounts=mounts,
                    created_dirs=list(d.get("created_dirs", [])),
-                   complete=bool(d.get("complete", False)))
+                   complete=bool(d.get("complete", False)),
+                   recoveries=[MountRecovery(str(r["mount"]), int(r["count"]),
+                                             float(r["last_at"]))
+                               for r in d.get("recoveries", [])])
+
+    def device_mount(self, uuid: str) -> str | None:
+        """The directory recorded for the namespace with ``uuid`` (None if none)."""
+        want = uuid.lower()
+        return next((x.mount for x in self.devices
+                     if x.uuid.lower() == want and x.mount is not None), None)
+
+    def recovered(self, mount: str, at: float) -> None:
+        """Count one more recovery of ``mount`` (at wall clock ``at``)."""
+        old = next((r for r in self.recoveries if r.mount == mount), None)
+        count = old.count + 1 if old is not None else 1
+        self.recoveries = [r for r in self.recoveries if r.mount != mount]
+        self.recoveries.append(MountRecovery(mount, count, at))
+        self.recoveries.sort(key=lambda r: r.mount)
 
 
 class InitiatorRecords:

@@ -34,6 +34,15 @@ class ErrorRecord:
     unexpected: bool = False
 
 
+@dataclass(frozen=True)
+class WarningRecord:
+    """Something worth an operator's look that did not stop any work."""
+
+    role: str
+    pool: str | None
+    message: str
+
+
 #: The hint of an unexpected error.
 UNEXPECTED_HINT = ("this is a kvagent bug: the agent's log has the traceback; the next pass "
                    "retries; please report it")
@@ -46,6 +55,7 @@ class RunResult:
     dry_run: bool
     actions: list[ActionRecord] = field(default_factory=list)
     errors: list[ErrorRecord] = field(default_factory=list)
+    warnings: list[WarningRecord] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None
     configfs_writes: int = 0
@@ -61,6 +71,12 @@ class RunResult:
 
     def error(self, role: str, pool: str | None, message: str, hint: str | None = None) -> None:
         self.errors.append(ErrorRecord(role, pool, message, hint))
+
+    def warn(self, role: str, pool: str | None, message: str) -> None:
+        """Record a warning (once: a pass that meets it twice reports it once)."""
+        record = WarningRecord(role, pool, message)
+        if record not in self.warnings:
+            self.warnings.append(record)
 
     def unexpected(self, role: str, pool: str | None, exc: BaseException,
                    context: str = "") -> None:
@@ -81,6 +97,7 @@ class RunResult:
             "dry_run": self.dry_run,
             "actions": [a.__dict__ for a in self.actions],
             "errors": [e.__dict__ for e in self.errors],
+            "warnings": [w.__dict__ for w in self.warnings],
             "configfs_writes": self.configfs_writes,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
@@ -92,5 +109,6 @@ class RunResult:
         return cls(dry_run=bool(data["dry_run"]),
                    actions=[ActionRecord(**a) for a in data.get("actions", [])],
                    errors=[ErrorRecord(**e) for e in data.get("errors", [])],
+                   warnings=[WarningRecord(**w) for w in data.get("warnings", [])],
                    started_at=float(data["started_at"]), finished_at=data.get("finished_at"),
                    configfs_writes=int(data.get("configfs_writes", 0)))

@@ -29,6 +29,9 @@ def _text(result: RunResult) -> str:
         if a.error:
             line += f": {a.error}"
         lines.append(line)
+    for w in result.warnings:
+        where = f"[{w.role}/{w.pool}] " if w.pool else f"[{w.role}] "
+        lines.append(f"warning: {where}{w.message}")
     for e in result.errors:
         where = f"[{e.role}/{e.pool}] " if e.pool else f"[{e.role}] "
         lines.append(f"error: {where}{e.message}" + (f"\n  hint: {e.hint}" if e.hint else ""))

@@ -103,13 +103,15 @@ def _parse_io_size(_ctx: click.Context, _param: click.Parameter,
 
 
 def _namespace_dirs(mount: Path) -> list[Path]:
+    """A per-namespace pool's directories: ``<storage node>-ns<nsid>`` (and ``ns<N>``
+    of pools attached by older versions), by storage node, then namespace id."""
     found = []
     if mount.is_dir():
         for entry in mount.iterdir():
-            m = re.fullmatch(r"ns(\d+)", entry.name)
+            m = re.fullmatch(r"(?:(.+)-)?ns(\d+)", entry.name)
             if m and entry.is_dir():
-                found.append((int(m.group(1)), entry))
-    return [p for _, p in sorted(found)]
+                found.append((m.group(1) or "", int(m.group(2)), entry))
+    return [p for _, _, p in sorted(found)]
 
 
 def _pool_directories(pool: InitiatorPool, all_namespaces: bool) -> list[Path]:
@@ -124,7 +126,7 @@ def _pool_directories(pool: InitiatorPool, all_namespaces: bool) -> list[Path]:
         if dirs and not all_namespaces:
             dirs = dirs[:1]
     if not dirs:
-        what = mount if pool.layout == "striped" else f"{mount}/ns1, {mount}/ns2, ..."
+        what = mount if pool.layout == "striped" else f"{mount}/<storage node>-ns<nsid>"
         raise KvagentError(f"pool {pool.name!r} has no directory to bench ({what} missing)",
                            "attach the pool first (kvagent apply on this GPU host)")
     for d in dirs:
@@ -227,7 +229,8 @@ def render_text(result: BenchResult) -> str:
               type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Bench this directory instead of a configured pool (no config needed).")
 @click.option("--all-namespaces", is_flag=True,
-              help="Per-namespace pools: bench every <mount>/nsN, not only the first.")
+              help="Per-namespace pools: bench every namespace's directory "
+                   "(<mount>/<storage node>-ns<nsid>), not only the first.")
 @click.option("--profile", type=click.Choice(sorted(PROFILES)), default="quick",
               show_default=True,
               help="tiny: 16 MiB files, 1 s per job (emulated VMs, smoke tests). quick: "

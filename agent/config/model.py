@@ -46,6 +46,9 @@ EngineKind = Literal["lmcache", "vllm", "dynamo", "sglang", "mooncake"]
 MIB = 1024 * 1024
 #: nvmet allows up to 1024 namespaces per subsystem (NVMET_MAX_NAMESPACES).
 MAX_NAMESPACES = 1024
+#: Default seconds before I/O on a lost path fails: two reconnect attempts at the default
+#: reconnect_delay of 2 s (docs/operations.md, "Outages: fail fast, recover by itself").
+FAST_IO_FAIL_TMO = 5
 #: mkfs.xfs refuses devices under 300 MB.
 XFS_MIN_BYTES = 300 * 1000 * 1000
 #: System directories a pool's mount root must never be (mounting over one hides it).
@@ -461,8 +464,17 @@ class ConnectOptions:
 
     ctrl_loss_tmo: Duration | Literal["forever"] = doc_field(
         "How long the kernel keeps reconnecting before giving the device up; 'forever' "
-        "(default) keeps the mount alive across target outages.",
+        "(default) keeps the controller, and so the mount, across target outages: the "
+        "device returns when the storage host does.",
         "forever",
+    )
+    fast_io_fail_tmo: Duration | Literal["off"] = doc_field(
+        "How long I/O waits for a lost path before it fails (EIO) while the kernel keeps "
+        "reconnecting: a KV cache should make its engine recompute, not hang. 'off': I/O "
+        "waits for the whole outage. Written to each controller's sysfs attribute (nvme-cli "
+        "2.3 has no option for it) and kept there on every pass; see the operations guide "
+        "for the default.",
+        Duration(FAST_IO_FAIL_TMO),
     )
     reconnect_delay: Duration = doc_field("Delay between reconnect attempts.", Duration(2))
     keep_alive_tmo: Duration | None = doc_field("Keep-alive timeout (default: kernel's).", None)
@@ -540,8 +552,10 @@ class InitiatorPool:
                                "volume itself. Never a system directory (/, /etc, /usr, "
                                "/var, /tmp, /mnt, ...) or anything under /proc, /sys, /dev.")
     layout: Literal["per-namespace", "striped"] = doc_field(
-        "'per-namespace': one xfs per namespace under mount/nsN (engines shard per GPU); "
-        "'striped': one LVM striped volume across all namespaces.",
+        "'per-namespace': one xfs per namespace under mount/<storage node>-ns<nsid> "
+        "(engines shard per GPU; a namespace keeps its directory for good, pools attached "
+        "by older versions keep mount/nsN); 'striped': one LVM striped volume across all "
+        "namespaces.",
         "per-namespace",
     )
     shared: bool = doc_field(

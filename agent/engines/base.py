@@ -33,7 +33,7 @@ class EngineContext:
     """One engine's share of one pool, as the caller (apply / the CLI) sees it.
 
     ``directories`` are the engine's own directories, one per namespace mount
-    (``<mount>/nsN/<kind>``); ``capacity_bytes`` is the engine's cap for all of
+    (``<mount>/<storage node>-ns<nsid>/<kind>``); ``capacity_bytes`` is the engine's cap for all of
     them together (at most 90% of the pool; the caller computes it, see
     ``engines.dirs.engine_capacities``). ``probes`` are the probe results of the
     mounts; each directory uses the probe of the mount that contains it.

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import nvmet
@@ -21,6 +22,7 @@ from ..config.model import Config, InitiatorPool, TargetPool
 from ..errors import KvagentError
 from ..initiator.mounts import MOUNTINFO, mounted_at
 from ..initiator.sysfs import Sysfs
+from ..initiator.xfsmount import is_shut_down
 from ..log import get_logger
 from ..records import (
     InitiatorRecords,
@@ -56,11 +58,13 @@ def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
             sysfs: Sysfs | None = None, last_apply: ApplySummary | None = None,
             counters: LoopCounters | None = None, config_error: str | None = None,
             drives: bool = True, quota: QuotaOps | None = None,
-            mountinfo: Path = MOUNTINFO) -> Snapshot:
+            mountinfo: Path = MOUNTINFO,
+            shut_down: Callable[[str], bool] = is_shut_down) -> Snapshot:
     """A snapshot of every pool of this host, its controllers and its local drives.
 
-    ``quota`` and ``mountinfo`` are seams: engines' usage comes from xfs project quotas
-    where the mount table shows them on."""
+    ``quota``, ``mountinfo`` and ``shut_down`` (whether a mounted xfs shut down) are
+    seams for tests: engines' usage comes from xfs project quotas where the mount table
+    shows them on."""
     sysfs = sysfs or Sysfs(cfg.node.sysfs)
     quota = quota or XfsQuota()
     pools: list[PoolHealth] = []
@@ -71,7 +75,7 @@ def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
         state = _safe_initiator_state(cfg)
         for pool in cfg.initiator.pools:
             health, ctrls = _initiator_pool(cfg, pool, state.get(pool.name), sysfs, quota,
-                                            mountinfo)
+                                            mountinfo, shut_down)
             pools.append(health)
             controllers += ctrls
     found_drives = ()
@@ -202,8 +206,21 @@ def _probe_summary(cfg: Config, pool: str) -> dict[str, bool] | None:
             "fallocate": all(p.get("fallocate_ok") for p in probes)}
 
 
+def _shut_down(mounts: list[str], shut_down: Callable[[str], bool]) -> list[str]:
+    """The mounts whose xfs shut down (one ``stat`` each, no I/O on a healthy one)."""
+    out = []
+    for m in mounts:
+        try:
+            if shut_down(m):
+                out.append(m)
+        except OSError as exc:
+            log.warning("cannot stat a pool mount", mount=m, error=str(exc))
+    return out
+
+
 def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | None,
                     sysfs: Sysfs, quota: QuotaOps, mountinfo: Path = MOUNTINFO,
+                    shut_down: Callable[[str], bool] = is_shut_down,
                     ) -> tuple[PoolHealth, list[ControllerHealth]]:
     if record is None:
         side = InitiatorSide(controllers_expected=len(pool.targets), controllers_live=0,
@@ -231,6 +248,7 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
     mounts = record.mounts
     entries = {m: mounted_at(m, mountinfo) for m in mounts}
     mounted = [m for m in mounts if entries[m] is not None]
+    dead = _shut_down(mounted, shut_down)
     size = free = 0
     for m in mounted:
         try:
@@ -240,14 +258,17 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
         size += vfs.f_blocks * vfs.f_frsize
         free += vfs.f_bavail * vfs.f_frsize
     engines, engine_problems = engine_usages(
-        cfg, pool, [(m, e) for m, e in entries.items() if e is not None], size, quota)
+        cfg, pool, [(m, e) for m, e in entries.items() if e is not None and m not in dead],
+        size, quota)
     side = InitiatorSide(
         controllers_expected=len(subs), controllers_live=sum(1 for c in ctrls
                                                              if c.state == "live"),
         namespaces_expected=len(devices), namespaces_found=found, mount_path=pool.mount,
         mounted=bool(mounts) and len(mounted) == len(mounts),
         size_bytes=size if mounted else None, free_bytes=free if mounted else None,
-        engines=tuple(engines))
+        engines=tuple(engines), mounts_shut_down=tuple(dead),
+        recoveries=sum(r.count for r in record.recoveries),
+        last_recovery_at=max((r.last_at for r in record.recoveries), default=None))
     problems = []
     for c in ctrls:
         if c.state != "live":
@@ -259,12 +280,17 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
         problems.append(f"{len(devices) - found} of {len(devices)} namespaces missing")
     if len(mounted) < len(mounts):
         problems.append(f"not mounted: {', '.join(sorted(set(mounts) - set(mounted)))}")
+    if dead:
+        problems.append(f"filesystem shut down after I/O errors (a storage outage): "
+                        f"{', '.join(dead)}; kvagent mounts it again once a controller of "
+                        "the pool is live and nothing holds it")
     problems += engine_problems
     probe = _probe_summary(cfg, pool.name)
     if probe and not probe["odirect"]:
         problems.append("O_DIRECT probe failed (engines use their buffered fallback)")
     # A controller that is reconnecting keeps the mount (I/O waits): degraded, not failed.
-    if (not pool.shared and not mounted) or (subs and not ctrls):
+    if (not pool.shared and not mounted) or (subs and not ctrls) or (
+            mounted and len(dead) == len(mounted)):
         state = "failed"
     else:
         state = "degraded" if problems else "ok"

@@ -206,6 +206,15 @@ def snapshot_families(snapshot: Snapshot | None) -> list[Metric]:
                   il, i.namespaces_expected)
             f.set("kvagent_initiator_namespaces_found", "The pool's namespaces with a block "
                   "device on this host.", il, i.namespaces_found)
+            f.set("kvagent_initiator_mounts_shut_down", "The pool's mounted filesystems that "
+                  "shut down after I/O errors (a storage outage): every call on them fails "
+                  "until kvagent mounts them again.", il, len(i.mounts_shut_down))
+            f.count("kvagent_initiator_fs_recoveries", "Shut-down filesystems of the pool "
+                    "kvagent unmounted and mounted again (log recovery), from its records.",
+                    il, i.recoveries)
+            f.set("kvagent_initiator_fs_last_recovery_timestamp_seconds", "When kvagent last "
+                  "mounted a shut-down filesystem of the pool again (absent: never).",
+                  il, i.last_recovery_at)
             if i.mount_path:
                 ml = {"pool": pool.name, "mount": i.mount_path}
                 f.set("kvagent_mount_mounted", "1 if the pool's filesystem is mounted, else 0.",

@@ -117,6 +117,13 @@ class InitiatorSide:
     size_bytes: int | None = None
     free_bytes: int | None = None
     engines: tuple[EngineUsage, ...] = ()
+    #: Mounts whose xfs shut down (I/O errors in a storage outage): every call on them
+    #: fails with EIO until kvagent mounts them again.
+    mounts_shut_down: tuple[str, ...] = ()
+    #: Times kvagent mounted a shut-down xfs of the pool again (from its records: kept
+    #: across restarts), and when it last did (wall clock).
+    recoveries: int = 0
+    last_recovery_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,10 @@ def _pool_json(pool: PoolHealth, snapshot: Snapshot) -> dict[str, Any]:
                             "names": [c.name for c in snapshot.controllers_of(pool.name)]},
             "namespaces": {"expected": i.namespaces_expected, "found": i.namespaces_found},
             "mount": {"path": i.mount_path, "mounted": i.mounted, "size_bytes": i.size_bytes,
-                      "free_bytes": i.free_bytes},
+                      "free_bytes": i.free_bytes, "shut_down": list(i.mounts_shut_down)},
+            "recoveries": {"count": i.recoveries,
+                           "last_at": None if i.last_recovery_at is None
+                           else _iso(i.last_recovery_at)},
             "engines": [_engine_json(e) for e in i.engines],
         }
     return out
@@ -166,8 +169,11 @@ def _pool_detail(pool: PoolHealth) -> str:
         if i.mount_path:
             mount += "" if i.mounted else " (not mounted)"
         free = f"  free {_bytes(i.free_bytes)} of {_bytes(i.size_bytes)}" if i.mounted else ""
+        dead = f"  xfs SHUT DOWN on {len(i.mounts_shut_down)}" if i.mounts_shut_down else ""
+        recovered = f"  recovered {i.recoveries}x" if i.recoveries else ""
         return (f"ctrl {i.controllers_live}/{i.controllers_expected} live  "
-                f"ns {i.namespaces_found}/{i.namespaces_expected}  {mount}{free}")
+                f"ns {i.namespaces_found}/{i.namespaces_expected}  {mount}{free}{dead}"
+                f"{recovered}")
     return ""
 
 

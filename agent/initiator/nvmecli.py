@@ -168,9 +168,13 @@ class FabricsOptions:
     """``nvme connect`` tuning options; None leaves the kernel's default.
 
     ``ctrl_loss_tmo`` -1 means reconnect forever (sysfs then shows ``off``).
+    ``fast_io_fail_tmo`` (-1: off) is not an nvme-cli option (2.3 has none): it is
+    written to the controller's sysfs attribute after the connect
+    (:mod:`agent.initiator.timeouts`), never passed on the command line.
     """
 
     ctrl_loss_tmo: int | None = -1
+    fast_io_fail_tmo: int | None = None
     reconnect_delay: int | None = None
     keep_alive_tmo: int | None = None
     nr_io_queues: int | None = None
@@ -192,8 +196,11 @@ class FabricsOptions:
             if value == "forever":
                 return -1
             return max(1, round(float(value)))
+        fast = getattr(cfg, "fast_io_fail_tmo", None)
         return cls(
             ctrl_loss_tmo=secs(getattr(cfg, "ctrl_loss_tmo", "forever")),
+            fast_io_fail_tmo=(None if fast is None else -1 if fast == "off"
+                              else round(float(fast))),
             reconnect_delay=secs(getattr(cfg, "reconnect_delay", None)),
             keep_alive_tmo=secs(getattr(cfg, "keep_alive_tmo", None)),
             nr_io_queues=getattr(cfg, "nr_io_queues", None),

@@ -1,10 +1,14 @@
 """The GPU-host pass of plan/apply: connect, find, filesystem, mount.
 
-Per pool: discover (or use the configured subsystem), connect idempotently,
-wait for a live controller, wait for each namespace's device (by subsystem and
-nsid; its uuid is the storage's identity), make xfs only on a blank device (or
-accept this host's own: its uuid derives from the namespace's), mount one
-directory per namespace (or one striped volume). Handing the mounted pool to its
+Per pool: discover (or use the configured subsystem; a per-host subsystem the
+storage host offers this host NQN under another host name is attached with a
+warning), connect idempotently, keep the controllers' timeouts (fast_io_fail_tmo:
+:mod:`.timeouts`), wait for a live controller, wait for each namespace's device (by
+subsystem and nsid; its uuid is the storage's identity), make xfs only on a blank
+device (or accept this host's own: its uuid derives from the namespace's), mount one
+directory per namespace, named by storage node and nsid (:mod:`.mountnames`), or one
+striped volume; a mounted xfs that shut down in an outage is mounted again, one
+whose namespace grew is grown (:mod:`.xfsmount`). Handing the mounted pool to its
 engines is the next step (:mod:`agent.engines.handoff`), run by the caller.
 
 kvagent's record of what it attached (:class:`agent.records.PoolAttachment` in
@@ -37,6 +41,7 @@ from ..records import AttachedDevice, InitiatorRecords, PoolAttachment, Subsyste
 from ..result import ActionRecord, RunResult
 from ..system.keyring import DISCOVERY_NQN, TLSHD_HINT, PskKeyring, tlshd_running
 from ..system.modules import ensure_modules
+from ..system.mountusers import MountUser, mount_users
 from ..system.run import Runner
 from ..system.xfsquota import project_quota_mode, wants_project_quota, with_project_quota
 from ..tlspsk import read_psk
@@ -53,6 +58,7 @@ from .filesystem import (
 from .identity import ensure_host_identity
 from .iopolicy import ensure_iopolicy
 from .kernel_quirks import loopback_tcp_warning, thp_mode
+from .mountnames import assign_mounts
 from .mounts import (
     MOUNTINFO,
     QUOTACHECK_TIMEOUT,
@@ -69,9 +75,14 @@ from .mounts import (
 from .nvmecli import ConnectError, FabricsOptions, NvmeCli
 from .striped import deactivate, dm_name, ensure_striped_volume, volume_path, volume_slaves
 from .sysfs import Controller, Sysfs, read_attr
+from .timeouts import Timeouts, drift, fix, unsupported
+from .xfsmount import Geometry, geometry, grow, is_shut_down, needs_growth
 
 log = get_logger("initiator")
 Attachment = SubsystemPath
+#: What this pass did to a mount that makes the recorded probes (and the engines'
+#: capacity caps, sized from them) stale: the engines' hand-off probes again.
+REMOUNT_KINDS = frozenset({"mkfs.xfs", "mount", "lvm.striped", "xfs.grow", "xfs.recover"})
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,10 @@ class HostSeams:
     volume_slaves: Callable[[str], frozenset[str] | None] = volume_slaves
     sleep: Callable[[float], None] = progress.sleep  # ends early on SIGTERM
     clock: Callable[[], float] = time.monotonic
+    wallclock: Callable[[], float] = time.time
+    shut_down: Callable[[str], bool] = is_shut_down
+    geometry: Callable[[str], Geometry] = geometry
+    users: Callable[[str], list[MountUser]] = mount_users
 
 
 @dataclass(frozen=True)
@@ -115,13 +130,6 @@ def load_state(state_dir: Path) -> dict[str, PoolAttachment]:
 
 def save_state(state_dir: Path, pools: dict[str, PoolAttachment]) -> None:
     InitiatorRecords.save(state_dir, pools)
-
-
-def namespace_mounts(pool: InitiatorPool, count: int) -> list[str]:
-    """Mount points: ``<mount>/ns1..nsN`` (per-namespace) or ``<mount>`` (striped)."""
-    if pool.layout == "striped":
-        return [pool.mount]
-    return [os.path.join(pool.mount, f"ns{i}") for i in range(1, count + 1)]
 
 
 def _union(*lists: list) -> list:
@@ -278,18 +286,32 @@ class InitiatorPass:
             entries = self.cli.discover(t.transport, t.address, str(t.service),
                                         hostnqn=hostnqn, hostid=hostid,
                                         tls=pool.tls is not None)
-            mine = pool_entries(entries, self.cfg.node.nqn_prefix, pool.name,
-                                host=self.cfg.node.name)
+            # The log lists only what the storage host's ACL lets this host NQN use: a
+            # per-host subsystem there is this host's, whatever name it carries.
+            mine = pool_entries(entries, self.cfg.node.nqn_prefix, pool.name)
             if not mine:
                 raise KvagentError(
                     f"the storage host at {t.transport} {t.address}:{t.service} offers no "
                     f"subsystem of pool {pool.name!r} to this host ({hostnqn})",
                     f"list this host (name {self.cfg.node.name}, NQN {hostnqn}) in the pool's "
                     "hosts on the storage host and apply there; check node.nqn_prefix matches")
-            # Sorted, so namespace i lands on mount ns<i> the same way on every apply.
             for e in sorted(mine, key=lambda e: e.subnqn):
+                self._check_host_name(pool, e.subnqn, hostnqn)
                 found.append(Attachment(e.subnqn, t.transport, t.address, str(t.service)))
         return found
+
+    def _check_host_name(self, pool: InitiatorPool, subsysnqn: str, hostnqn: str) -> None:
+        """A per-host subsystem named for another host than ``node.name``: attached (the
+        storage host admits this NQN to it), with a warning."""
+        parsed = parse_subsystem_nqn(self.cfg.node.nqn_prefix, subsysnqn)
+        if parsed is None or parsed[2] is None or parsed[2] == self.cfg.node.name:
+            return
+        message = (f"{subsysnqn} is named for host {parsed[2]!r}, but this host's node.name "
+                   f"is {self.cfg.node.name!r}: attached by this host's NQN ({hostnqn}), "
+                   "which the storage host admits to it; rename the pool's host entry on "
+                   f"storage node {parsed[0]!r} or set node.name here to match")
+        log.warning(message, pool=pool.name)
+        self.result.warn("initiator", pool.name, message)
 
     def _tls_psk(self, pool: InitiatorPool, hostnqn: str, subsysnqn: str) -> None:
         """The pool's TLS PSK in the ``.nvme`` keyring for ``subsysnqn`` (inserted where
@@ -335,11 +357,13 @@ class InitiatorPass:
             warning = loopback_tcp_warning(a.transport, a.traddr, thp)
             if warning:
                 log.warning(warning, pool=pool.name)
-        record = PoolAttachment(hostnqn, pool.layout, pool.shared)
+        record = PoolAttachment(hostnqn, pool.layout, pool.shared,
+                                recoveries=list(old.recoveries) if old is not None else [])
         box.append(record)
         options = dataclasses.replace(
             with_secrets(FabricsOptions.from_config(pool.connect), pool),
             tls=pool.tls is not None)
+        timeouts = Timeouts.from_options(options)
         wait = self.cfg.initiator.device_wait if self.cfg.initiator else 30.0
         connected: dict[str, list[Controller]] = {}
         path_errors: list[tuple[str, ConnectError]] = []
@@ -370,6 +394,7 @@ class InitiatorPass:
             if res.changed:
                 self._act(pool.name, "nvme.connect", a.subsysnqn,
                           f"{a.transport} {a.traddr}:{a.trsvcid}")
+            self._keep_timeouts(pool, res.controllers, timeouts)
         for nqn, exc in path_errors:
             if nqn not in connected:
                 raise exc
@@ -380,7 +405,10 @@ class InitiatorPass:
         devices: list[NamespaceDevice] = []
         for nqn, controllers in connected.items():
             ctrl = self._live_controller(nqn, controllers, wait)
-            nsids = self._known_nsids(nqn, old) or self.cli.list_ns(ctrl.name)
+            # list-ns, and what sysfs has already (nvme-cli 2.3 was seen leaving out a
+            # namespace the kernel had added after the connect).
+            nsids = self._known_nsids(nqn, old) or sorted(
+                {*self.cli.list_ns(ctrl.name), *self.sysfs.subsystem_namespaces(nqn)})
             if not nsids:
                 raise KvagentError(f"{nqn} has no namespaces for this host",
                                    "check the pool on the storage host (kvagent status there)")
@@ -389,14 +417,18 @@ class InitiatorPass:
             record.devices += [AttachedDevice(d.subsysnqn, d.nsid, d.uuid, d.device)
                                for d in found]
             devices += found
+        if not pool.shared and pool.layout == "per-namespace":
+            mounts = assign_mounts(pool.mount, self.cfg.node.nqn_prefix, devices, old,
+                                   self._mounted_on(old))
+            record.devices = [dataclasses.replace(a, mount=m)
+                              for a, m in zip(record.devices, mounts, strict=True)]
         self._checkpoint()
         mounted = None
         if not pool.shared:
             mounts = self._filesystems(pool, hostnqn, devices, record)
             if not self.dry_run:
                 remounted = any(
-                    a.pool == pool.name and a.status == "done"
-                    and a.kind in ("mkfs.xfs", "mount", "lvm.striped")
+                    a.pool == pool.name and a.status == "done" and a.kind in REMOUNT_KINDS
                     for a in self.result.actions)
                 mounted = MountedPool(pool, tuple(mounts), attachments[0].transport, remounted)
         if old is not None:
@@ -417,6 +449,28 @@ class InitiatorPass:
                 continue
             for c in changes:
                 self._act(pool.name, "iopolicy", c.subsystem, f"{c.old} -> {c.new}")
+
+    def _keep_timeouts(self, pool: InitiatorPool, controllers: tuple[Controller, ...],
+                       want: Timeouts) -> None:
+        """Give the pool's controllers its timeouts where theirs differ (a new controller:
+        fast_io_fail_tmo, which nvme connect cannot set; drift on an existing one)."""
+        for ctrl in dict.fromkeys(controllers):
+            drifts = drift(ctrl, want)
+            missing = unsupported(drifts)
+            for d in missing:
+                self.result.warn("initiator", pool.name,
+                                 f"controller {ctrl.name} has no {d.attr} attribute (a kernel "
+                                 f"without it): {d.attr} {d.expected} is not in effect")
+            drifts = [d for d in drifts if d not in missing]
+            if not drifts:
+                continue
+            if not self.dry_run:
+                fix(self.sysfs, drifts)
+            for d in drifts:
+                log.info("controller timeout set", pool=pool.name, controller=ctrl.name,
+                         attribute=d.attr, old=d.current, new=d.expected)
+            self._act(pool.name, "nvme.timeout", ctrl.name,
+                      ", ".join(d.describe() for d in drifts))
 
     def _known_nsids(self, nqn: str, old: PoolAttachment | None) -> list[int]:
         """The namespaces of ``nqn`` from sysfs, when sysfs already answers: the pool was
@@ -459,23 +513,25 @@ class InitiatorPass:
 
     def _filesystems(self, pool: InitiatorPool, hostnqn: str,
                      devices: list[NamespaceDevice], record: PoolAttachment) -> list[str]:
-        mounts = namespace_mounts(pool, len(devices))
         if pool.layout == "striped":
             total = sum(d.size_bytes or 0 for d in devices)
             uuids = ",".join(sorted(d.uuid for d in devices))
             fs_uuid = str(filesystem_uuid(hostnqn, f"striped:{pool.name}:{uuids}"))
             self._check_size(pool, "the striped volume", total)
+            mounts = [pool.mount]
             record.mounts = list(mounts)
             self._checkpoint()
-            pairs = [(self._striped(pool, devices), fs_uuid, mounts[0], 1)]
+            pairs = [(self._striped(pool, devices), fs_uuid, mounts[0], 1, None)]
         else:
             for d in devices:
                 self._check_size(pool, f"{d.device} (nsid {d.nsid})", d.size_bytes)
+            where = {(a.subsysnqn, a.nsid): a.mount for a in record.devices}
+            mounts = [str(where[(d.subsysnqn, d.nsid)]) for d in devices]
             record.mounts = list(mounts)
             self._checkpoint()
-            pairs = [(d.device, str(filesystem_uuid(hostnqn, d.uuid)), m, i)
+            pairs = [(d.device, str(filesystem_uuid(hostnqn, d.uuid)), m, i, d.size_bytes)
                      for i, (d, m) in enumerate(zip(devices, mounts, strict=True), 1)]
-        for device, fs_uuid, mount, index in pairs:
+        for device, fs_uuid, mount, index, size in pairs:
             if self.dry_run:
                 fresh = pool.layout == "striped" and not self.seams.exists(device)
                 if fresh or needs_filesystem(probe_content(device, self.runner,
@@ -484,7 +540,7 @@ class InitiatorPass:
                 if mounted_at(mount, self.seams.mountinfo) is None:
                     self._act(pool.name, "mount", mount, device)
                 else:
-                    self._remount_for_quota(pool, device, mount)
+                    self._mounted(pool, device, mount, size, record)
                 continue
             if ensure_filesystem(device, fs_uuid, xfs_label(pool.name, index), self.runner,
                                  superblock=self.seams.superblock, exists=self.seams.exists):
@@ -500,8 +556,7 @@ class InitiatorPass:
                               self.seams.devnum, timeout=QUOTACHECK_TIMEOUT
                               if wants_project_quota(options) else 120):
                 self._act(pool.name, "mount", mount, device)
-            else:
-                self._remount_for_quota(pool, device, mount)
+            self._mounted(pool, device, mount, size, record)
         return mounts
 
     def _remount_for_quota(self, pool: InitiatorPool, device: str, mount: str) -> None:
@@ -529,6 +584,72 @@ class InitiatorPass:
         ensure_mounted(device, mount, options, self.runner, self.seams.mountinfo,
                        self.seams.devnum, timeout=QUOTACHECK_TIMEOUT)
         self._act(pool.name, "mount", mount, detail)
+
+    def _mounted_on(self, old: PoolAttachment | None) -> Callable[[NamespaceDevice], str | None]:
+        """Which of the old record's mounts a device is mounted on now (for records from
+        before devices named their mount)."""
+        def find(d: NamespaceDevice) -> str | None:
+            if old is None:
+                return None
+            try:
+                number = self.seams.devnum(d.device)
+            except OSError:
+                return None
+            for m in old.mounts:
+                entry = mounted_at(m, self.seams.mountinfo)
+                if entry is not None and entry.device == number:
+                    return m
+            return None
+        return find
+
+    def _mounted(self, pool: InitiatorPool, device: str, mount: str, size: int | None,
+                 record: PoolAttachment) -> None:
+        """A mounted pool filesystem: mounted again if it shut down in an outage (once a
+        controller is live again: the caller made sure), grown if its namespace grew."""
+        if self.seams.shut_down(mount):
+            self._recover(pool, device, mount, record)
+            if self.dry_run:
+                return  # nothing more to ask of it until it is mounted again
+        else:
+            self._remount_for_quota(pool, device, mount)
+        if size is None or pool.layout == "striped":
+            return
+        fs = self.seams.geometry(mount)
+        if not needs_growth(size, fs):
+            return
+        if not self.dry_run:
+            grow(mount, self.runner)
+        self._act(pool.name, "xfs.grow", mount, f"{fs.data_bytes} -> {size} bytes ({device})")
+
+    def _recover(self, pool: InitiatorPool, device: str, mount: str,
+                 record: PoolAttachment) -> None:
+        """Unmount (never lazily) and mount again an xfs that shut down: its log is
+        replayed, the engines' directories and data fsynced before the outage are back."""
+        log.warning("filesystem shut down after I/O errors; mounting it again", pool=pool.name,
+                    mount=mount, device=device)
+        if self.dry_run:
+            self._act(pool.name, "xfs.recover", mount, f"{device}: unmount, mount (log "
+                      "recovery)")
+            return
+        try:
+            unmount(mount, self.runner, self.seams.mountinfo)
+        except MountBusy:
+            users = self.seams.users(mount)
+            who = ", ".join(u.describe() for u in users) or "a process kvagent cannot see"
+            raise KvagentError(
+                f"the xfs on {mount} shut down after I/O errors (a storage outage) and cannot "
+                f"be mounted again while it is in use: {who}",
+                "every call on it fails with EIO until then; stop or restart what uses it "
+                "(the engine recomputes meanwhile); kvagent mounts it again at its next pass, "
+                "never lazily") from None
+        options = with_project_quota(pool.mount_options)
+        ensure_mounted(device, mount, options, self.runner, self.seams.mountinfo,
+                       self.seams.devnum, timeout=QUOTACHECK_TIMEOUT
+                       if wants_project_quota(options) else 120)
+        record.recovered(mount, self.seams.wallclock())
+        self._checkpoint()
+        self._act(pool.name, "xfs.recover", mount, f"{device}: unmounted, mounted again "
+                  "(log recovery)")
 
     @staticmethod
     def _check_size(pool: InitiatorPool, what: str, size: int | None) -> None:

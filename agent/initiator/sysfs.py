@@ -254,6 +254,11 @@ class Sysfs:
         """Give a live controller a new secret: the kernel re-authenticates with it."""
         (self.root / "class/nvme" / name / attr).write_text(secret + "\n")
 
+    def set_controller_attr(self, name: str, attr: str, value: str) -> None:
+        """Write one of a controller's tunable attributes (``fast_io_fail_tmo``,
+        ``ctrl_loss_tmo``, ``reconnect_delay``: writable on 6.1; -1 turns a timeout off)."""
+        (self.root / "class/nvme" / name / attr).write_text(value + "\n")
+
     # -- subsystems -----------------------------------------------------------
     def subsystem(self, name: str) -> Subsystem | None:
         d = self.root / "class/nvme-subsystem" / name

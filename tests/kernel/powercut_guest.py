@@ -141,7 +141,7 @@ def main(phase: str) -> None:
         log("after the cut during lvcreate: " + sh("lvs", "--noheadings", "-o",
                                                    "lv_name,vg_name", check=False).stdout.strip())
         recover()
-        keep("/tmp/kvmnt/lv/ns1")
+        keep("/tmp/kvmnt/lv/lab-ns1")
         write_config(with_file_pool=True)
         apply("command.mkfs.xfs=cut-later(0.5)")  # the power goes while mkfs runs
     elif phase == "3":

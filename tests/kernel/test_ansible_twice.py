@@ -53,7 +53,7 @@ def test_role_twice_on_localhost_second_run_changes_nothing() -> None:
     try:
         first = play("first run")
         assert first["changed"] > 0 and first["failed"] == 0
-        assert os.path.ismount(ROOT / "mnt/kvtest/ns1"), "the pool is mounted"
+        assert os.path.ismount(ROOT / "mnt/kvtest/kvtest-ns1"), "the pool is mounted"
         assert subprocess.run(["dpkg", "-s", "kvagent"], capture_output=True,
                               check=False).returncode == 0, "the role installed the package"
         second = play("second run")

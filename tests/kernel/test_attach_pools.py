@@ -90,7 +90,7 @@ def initiator_pool(lab: Lab, name: str, transport: str, address: str, *,
       mount: {lab.root}/mnt/{name}
       layout: {layout}
       shared: {str(shared).lower()}
-      connect: {{ctrl_loss_tmo: forever, reconnect_delay: 2s}}
+      connect: {{ctrl_loss_tmo: forever, reconnect_delay: 2s, fast_io_fail_tmo: 'off'}}
       engines: [{eng}]
 """
 
@@ -220,7 +220,7 @@ def test_tcp_attach_outage_reboot_detach(lab: Lab) -> None:
     attach = initiator_pool(lab, "kv", "tcp", "127.0.0.1", engines=KINDS)
     write_config(lab, target, attach)
     before = host_snapshot()
-    mounts = [lab.root / "mnt/kv/ns1", lab.root / "mnt/kv/ns2"]
+    mounts = [lab.root / "mnt/kv/lab-ns1", lab.root / "mnt/kv/lab-ns2"]
 
     lap = Laps()
     first = lab.apply()
@@ -268,7 +268,8 @@ def test_tcp_attach_outage_reboot_detach(lab: Lab) -> None:
     lap("kvagent engines render")
 
     # The target port goes away for 5 s while fio writes with crc32c checksums (32 MiB:
-    # vllm's cap on a 300 MiB namespace shared by 5 engines is a hard ~44 MiB).
+    # vllm's cap on a 300 MiB namespace shared by 5 engines is a hard ~44 MiB); with
+    # fast_io_fail_tmo off, I/O waits for the path (test_cache_failfast.py: it fails fast).
     fio_file = mounts[0] / "vllm/fio.dat"
     fio = subprocess.Popen(
         ["fio", "--name=outage", f"--filename={fio_file}", "--size=32m", "--bs=256k",
@@ -420,7 +421,7 @@ def test_foreign_filesystem_and_shared_pool_are_never_formatted(lab: Lab) -> Non
     assert "refusing to format" in messages["kv"] and "ext4" in messages["kv"]
     assert "shared subsystem" in messages["sh"]
     assert not kit.controllers_for(sh_nqn), "a refused shared pool was connected"
-    assert not os.path.ismount(lab.root / "mnt/kv/ns1")
+    assert not os.path.ismount(lab.root / "mnt/kv/lab-ns1")
     assert "mkfs.xfs" not in kinds_done(refused)
     dev = kit.block_by_uuid(kit.exported_uuid(kv_nqn, 1))
     assert dev and blkid(dev)["TYPE"] == "ext4"

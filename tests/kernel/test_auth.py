@@ -80,6 +80,7 @@ initiator:
       target: {{transport: tcp, address: 127.0.0.1, service: 4420}}
       mount: {lab.root}/mnt/sec
       shared: true{initiator_auth}
+      connect: {{fast_io_fail_tmo: 'off'}}  # reads wait for a reconnect: what is proven
 """)
 
 

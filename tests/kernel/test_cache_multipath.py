@@ -126,7 +126,7 @@ def states(nqn: str) -> dict[str, str]:
 def test_one_pool_over_rdma_and_tcp_with_ana_iopolicy_and_a_path_outage(lab: Lab,
                                                                        rxe) -> None:  # type: ignore[no-untyped-def]
     nqn = subsystem_nqn(PREFIX, "lab", "kv", "lab")
-    mounts = [lab.root / "mnt/kv/ns1", lab.root / "mnt/kv/ns2"]
+    mounts = [lab.root / "mnt/kv/lab-ns1", lab.root / "mnt/kv/lab-ns2"]
     lap = Laps()
 
     # queue-depth: not on 6.1. The pool's error says so; the pool is attached anyway.

@@ -161,7 +161,7 @@ def state_files(lab: Lab) -> dict[str, tuple[int, int, int]]:
 
 def test_hard_caps_cleaner_and_gds_on_one_pool(lab: Lab) -> None:
     lap = Laps()
-    mount = lab.root / "mnt/kv/ns1"
+    mount = lab.root / "mnt/kv/lab-ns1"
     vllm, lmcache = mount / "vllm", mount / "lmcache"
 
     # 1. Attached without project quotas, as an older kvagent did; the engines write.

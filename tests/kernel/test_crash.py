@@ -309,7 +309,7 @@ def test_kill_after_every_step_of_a_cold_attach_gpu_side(lab: Lab, nullb) -> Non
             blank_namespaces(lab)
 
         def mounted() -> None:
-            for pool in ("lv/ns1", "fl"):
+            for pool in ("lv/lab-ns1", "fl"):
                 assert os.path.ismount(lab.root / "mnt" / pool)
 
         n = run_case("gpu cold attach", lab, config(lab), gpu_empty, mounted, foreign)
@@ -322,7 +322,7 @@ def test_kill_after_every_step_of_a_teardown(lab: Lab, nullb) -> None:  # type: 
         full = config(lab)
         digests: dict[Path, str] = {}
         assert child_pass(full).exit_code == 0
-        for pool in ("lv/ns1", "fl"):
+        for pool in ("lv/lab-ns1", "fl"):
             f = lab.root / "mnt" / pool / "kept.bin"
             digests[f] = write_file(f, 4 * MIB)
         teardown = config(lab, storage=False, gpu=False)

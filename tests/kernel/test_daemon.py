@@ -126,7 +126,7 @@ health: {{listen: "127.0.0.1:{port}", interval: 5s}}
         assert (kit.NVMET / "ports/21/subsystems" / nqn).is_symlink()
         ctrls = kit.controllers_for(nqn)
         assert ctrls and kit.read(ctrls[0] / "state") == "live"
-        assert os.path.ismount(lab.root / "mnt/kv/ns1")
+        assert os.path.ismount(lab.root / "mnt/kv/lab-ns1")
     finally:
         if proc.poll() is None:
             proc.kill()

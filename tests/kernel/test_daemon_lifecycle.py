@@ -206,7 +206,7 @@ def test_watchdog_unexpected_error_sigterm_and_umount_hang(lab: Lab) -> None:
         print(f"watchdog: {len(pings)} pings, longest gap {max(gaps):.1f}s, "
               f"pass with the 30 s lvcreate took {took:.0f}s")
         assert max(gaps) < WATCHDOG, f"systemd would have killed the agent: gaps {gaps}"
-        mount = lab.root / "mnt/kv/ns1"
+        mount = lab.root / "mnt/kv/lab-ns1"
         assert os.path.ismount(mount)
         digest = write_data(mount / "data", 1 << 20)
 
@@ -236,7 +236,7 @@ def test_watchdog_unexpected_error_sigterm_and_umount_hang(lab: Lab) -> None:
         finished = lab.apply()
         assert_ok(finished)
         lvs = kit.sh("lvs", "--noheadings", "-o", "lv_name", VG, timeout=120).stdout.split()
-        assert len(lvs) == 2 and os.path.ismount(lab.root / "mnt/kv/ns2"), lvs
+        assert len(lvs) == 2 and os.path.ismount(lab.root / "mnt/kv/lab-ns2"), lvs
         assert digest_buffered(str(mount / "data"), 0, 1 << 20) == digest
 
         # (d) The GPU side alone (its own state: a copy of its record) drops the pool

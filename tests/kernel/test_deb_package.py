@@ -213,7 +213,7 @@ health: {{listen: "127.0.0.1:{port}", interval: 5s, textfile: {textfile}}}
         assert applied["ok"] and applied["changed"], applied
         ci_log(f"packaged apply (carve LV, export, connect, mkfs, mount) took "
                f"{time.monotonic() - started:.1f}s")
-        assert os.path.ismount(mount / "ns1")
+        assert os.path.ismount(mount / "deb-ns1")
         status = packaged("-c", str(config), "-o", "json", "status", "--no-drives")
         report = json.loads(status.stdout)
         assert status.returncode == 0, status.stdout
@@ -253,7 +253,7 @@ health: {{listen: "127.0.0.1:{port}", interval: 5s, textfile: {textfile}}}
         agent = None
 
         # apt-get remove, then purge: the export, the connection, the mount, the data stay.
-        digest = write_file(mount / "ns1" / "keep.bin", 1 << 20)
+        digest = write_file(mount / "deb-ns1" / "keep.bin", 1 << 20)
         before = data_path()
         assert nqn in before["nvmet"].__str__() and before["mounts"]
         assert set(before["controllers"].values()) == {"live"}, before
@@ -264,7 +264,7 @@ health: {{listen: "127.0.0.1:{port}", interval: 5s, textfile: {textfile}}}
         apt_get("purge", "kvagent")
         assert not Path("/etc/kvagent/kvagent.yaml").exists()
         assert data_path() == before
-        assert kit.digest_of(str(mount / "ns1" / "keep.bin")) == digest
+        assert kit.digest_of(str(mount / "deb-ns1" / "keep.bin")) == digest
     finally:
         if agent is not None:
             agent.kill()

@@ -111,7 +111,7 @@ def test_export_attach_bench_detach(lab: Lab, transport: str, request) -> None: 
     smoke_config(lab, transport, address)
     first = lab.apply()
     assert_ok(first)
-    mount = lab.root / "mnt/kv/ns1"
+    mount = lab.root / "mnt/kv/lab-ns1"
     assert os.path.ismount(mount)
     assert_converged(lab.apply())
     bench = lab.cli("-o", "json", "bench", "kv", "--profile", "tiny", check=True)

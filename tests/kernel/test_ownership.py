@@ -133,7 +133,7 @@ def test_device_pool_reordered_and_shrunk_under_a_mounted_host(lab: Lab) -> None
               f"mount: {lab.root}/mnt/dv}}")
     write(lab, dv(*DRIVES), initiator=attach)
     assert_ok(lab.apply())
-    mounts = [lab.root / "mnt/dv/ns1", lab.root / "mnt/dv/ns2"]
+    mounts = [lab.root / "mnt/dv/lab-ns1", lab.root / "mnt/dv/lab-ns2"]
     assert all(os.path.ismount(m) for m in mounts)
     digests = [write_file(m / "kv.bin", 4 * MIB) for m in mounts]
     before = namespaces(nqn("dv"))
@@ -159,7 +159,7 @@ def test_device_pool_reordered_and_shrunk_under_a_mounted_host(lab: Lab) -> None
     assert namespaces(nqn("dv"))[1][1] == before[1][1], "the device got its identity back"
 
     write(lab)
-    lab.apply()  # detach (ns1's old mount is on a namespace that went away) and unexport
+    lab.apply()  # detach (lab-ns1's old mount is on a namespace that went away) and unexport
     assert not any(os.path.ismount(m) for m in mounts)
     assert lab.cli("pool", "destroy", "dv", "--yes").returncode == 0
     assert not TargetRecords.load(lab.state).claims

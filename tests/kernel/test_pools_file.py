@@ -65,7 +65,7 @@ def test_file_pool_lifecycle_over_tcp(lab: Lab) -> None:
 
     first = lab.apply()
     assert_ok(first)
-    mounts = [lab.root / "mnt/kv/ns1", lab.root / "mnt/kv/ns2"]
+    mounts = [lab.root / "mnt/kv/lab-ns1", lab.root / "mnt/kv/lab-ns2"]
     assert all(os.path.ismount(m) for m in mounts)
     (ctrl,) = kit.controllers_for(nqn)
     for nsid in (1, 2):
@@ -90,14 +90,14 @@ def test_file_pool_lifecycle_over_tcp(lab: Lab) -> None:
         grown = lab.apply()
     assert_ok(grown)
     assert watch.seen[ctrl.name] == {"live"}, watch.seen
-    assert os.path.ismount(lab.root / "mnt/kv/ns3")
+    assert os.path.ismount(lab.root / "mnt/kv/lab-ns3")
     assert kit.digest_of(str(mounts[0] / "lmcache/chunk.bin")) == digest
 
     # Detach: unmount and disconnect what kvagent attached; the export stays.
     lab.write(config(lab, count=3, initiator=False))
     detached = lab.apply()
     assert_ok(detached)
-    assert not any(os.path.ismount(m) for m in [*mounts, lab.root / "mnt/kv/ns3"])
+    assert not any(os.path.ismount(m) for m in [*mounts, lab.root / "mnt/kv/lab-ns3"])
     assert not kit.controllers_for(nqn)
     assert (kit.NVMET / "subsystems" / nqn).is_dir()
 

@@ -132,8 +132,8 @@ def test_apply_makes_the_running_agent_reload_and_reports_its_pass(
     assert done.returncode == 0, done.stderr
     assert f"the agent (pid {running.proc.pid}) runs with {running.config}" in done.stderr
     result = json.loads(done.stdout)
-    assert set(result) == {"changed", "ok", "dry_run", "actions", "errors", "configfs_writes",
-                           "started_at", "finished_at"}
+    assert set(result) == {"changed", "ok", "dry_run", "actions", "errors", "warnings",
+                           "configfs_writes", "started_at", "finished_at"}
     assert result["ok"] is True and result["dry_run"] is False
     # The agent runs the new config now, and keeps it across its next passes (1s interval).
     assert metric_line(running.port, 'kvagent_node_info{node="edited"}')

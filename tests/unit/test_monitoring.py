@@ -67,6 +67,8 @@ def test_promtool_rule_tests_pass() -> None:
     ('up{job="kvagent"} == 0\n        for: 5m', 'up{job="kvagent"} == 0\n        for: 1m'),
     ("last_tick_timestamp_seconds > 600", "last_tick_timestamp_seconds > 6000"),
     ("kvagent_apply_busy_passes >= 10", "kvagent_apply_busy_passes >= 5"),
+    ("kvagent_initiator_mounts_shut_down > 0\n        for: 10m",
+     "kvagent_initiator_mounts_shut_down > 0\n        for: 20m"),
 ])
 def test_promtool_tests_catch_a_changed_rule(tmp_path: Path, old: str, new: str) -> None:
     """The rule tests are not vacuous: a rule with another delay or threshold fails them."""

@@ -184,7 +184,7 @@ def test_pool_benches_its_first_namespace_or_all(tmp_path: Path, fio_runner: Fak
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = write_config(tmp_path)
     mount = tmp_path / "mnt" / "kv"
-    for ns in ("ns10", "ns2", "lost+found"):
+    for ns in ("ns10", "ns2", "lost+found", "store1-ns1", "store0-ns3"):
         (mount / ns).mkdir(parents=True)
     mounted: list[str] = []
     monkeypatch.setattr(bench_cmd, "is_mount", lambda p: mounted.append(p) or True)
@@ -199,9 +199,12 @@ def test_pool_benches_its_first_namespace_or_all(tmp_path: Path, fio_runner: Fak
     code, out, err = invoke("-c", str(cfg), "-o", "json", "bench", "kv", "--sizes", "2MiB",
                             "--all-namespaces", "--model", "DeepSeek-V3")
     assert code == 0, err
+    # a pool attached by an older version (nsN) first, then by storage node and nsid
     assert [d["directory"] for d in json.loads(out)["directories"]] == [
-        str(mount / "ns2"), str(mount / "ns10")]
-    assert sorted(os.listdir(mount)) == ["lost+found", "ns10", "ns2"]
+        str(mount / "ns2"), str(mount / "ns10"), str(mount / "store0-ns3"),
+        str(mount / "store1-ns1")]
+    assert sorted(os.listdir(mount)) == ["lost+found", "ns10", "ns2", "store0-ns3",
+                                         "store1-ns1"]
     assert os.listdir(mount / "ns2") == [] and os.listdir(mount / "ns10") == []
 
 

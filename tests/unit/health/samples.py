@@ -104,3 +104,21 @@ def degraded(tick_at: float = 1000.0) -> Snapshot:
 
 def empty(tick_at: float = 1000.0) -> Snapshot:
     return Snapshot(taken_at=T0, tick_at=tick_at, node="lonely")
+
+
+def shut_down(tick_at: float = 1000.0) -> Snapshot:
+    """A storage outage on the GPU host: nvme1 reconnecting, one of the pool's two xfs
+    shut down (I/O failed fast), one earlier recovery recorded."""
+    pool = initiator_pool(
+        state="degraded", ready=False,
+        problems=("controller nvme1 (10.0.0.1:4420) is connecting",
+                  "filesystem shut down after I/O errors (a storage outage): "
+                  "/srv/kv/stor1-ns1; kvagent mounts it again once a controller of the pool "
+                  "is live and nothing holds it"),
+        initiator=InitiatorSide(
+            controllers_expected=2, controllers_live=1, namespaces_expected=2,
+            namespaces_found=2, mount_path="/srv/kv", mounted=True, size_bytes=100 * GIB,
+            free_bytes=60 * GIB, mounts_shut_down=("/srv/kv/stor1-ns1",), recoveries=3,
+            last_recovery_at=T0 - 3600))
+    return Snapshot(taken_at=T0, tick_at=tick_at, node="gpu1", pools=(pool,),
+                    controllers=controllers("connecting"))

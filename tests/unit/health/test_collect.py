@@ -98,3 +98,62 @@ def test_a_pools_errors_in_the_last_apply_degrade_it(tmp_path: Path) -> None:
     assert (pool.state, pool.ready) == ("degraded", False)
     assert pool.problems == ("last apply: pool kv: /dev/disk/by-id/x now leads to another "
                              "device",)
+
+
+def test_a_shut_down_xfs_is_a_problem_and_recoveries_come_from_the_records(
+        tmp_path: Path) -> None:
+    from agent.records import (
+        AttachedDevice,
+        InitiatorRecords,
+        MountRecovery,
+        PoolAttachment,
+        SubsystemPath,
+    )
+    from tests.unit.initiator.fakesysfs import FakeSysfs
+
+    nqn = "nqn.2026-11.io.kvagent:stor:kv:gpu"
+    mounts = [str(tmp_path / "mnt/kv" / f"stor-ns{i}") for i in (1, 2)]
+    for m in mounts:
+        Path(m).mkdir(parents=True)
+    cfg = parse_config(yaml.safe_dump({
+        "version": 1, "node": {"name": "gpu", "state_dir": str(tmp_path / "state"),
+                               "sysfs": str(tmp_path / "sys")},
+        "initiator": {"pools": [{"name": "kv", "mount": str(tmp_path / "mnt/kv"),
+                                 "target": {"transport": "tcp", "address": "10.0.0.1"}}]}}))
+    fake = FakeSysfs(tmp_path / "sys")
+    fake.add_controller(2, subsysnqn=nqn, hostnqn=HOST)
+    fake.add_subsystem(2, nqn, controllers=(2,))
+    for i in (1, 2):
+        fake.add_namespace(2, i, f"0000000{i}-0000-4000-8000-000000000000",
+                           paths=((2, "optimized"),))
+    InitiatorRecords.save(cfg.node.state_dir, {"kv": PoolAttachment(
+        HOST, subsystems=[SubsystemPath(nqn, "tcp", "10.0.0.1", "4420")],
+        devices=[AttachedDevice(nqn, i, f"0000000{i}-0000-4000-8000-000000000000",
+                                f"/dev/nvme2n{i}", mounts[i - 1]) for i in (1, 2)],
+        mounts=mounts, complete=True,
+        recoveries=[MountRecovery(mounts[0], 2, 1_767_000_000.0),
+                    MountRecovery(mounts[1], 1, 1_767_100_000.0)])})
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text("".join(f"9{i} 1 259:{i} / {m} rw - xfs /dev/nvme2n{i} rw\n"
+                                 for i, m in enumerate(mounts, 1)))
+    dead: set[str] = set()
+
+    def snap():
+        return collect(cfg, FakeRunner(), drives=False, mountinfo=mountinfo,
+                       shut_down=lambda m: m in dead)
+
+    (pool,) = snap().pools
+    assert (pool.state, pool.problems) == ("ok", ())
+    assert pool.initiator.recoveries == 3 and pool.initiator.last_recovery_at == 1_767_100_000.0
+    dead.add(mounts[0])
+    s = snap()
+    (pool,) = s.pools
+    assert pool.state == "degraded" and not pool.ready
+    assert pool.initiator.mounts_shut_down == (mounts[0],)
+    [problem] = pool.problems
+    assert problem.startswith(f"filesystem shut down after I/O errors (a storage outage): "
+                              f"{mounts[0]}")
+    jsonschema.validate(to_status_json(s), load_status_schema())
+    dead.add(mounts[1])
+    (pool,) = snap().pools
+    assert pool.state == "failed", "every mount of the pool is unusable"

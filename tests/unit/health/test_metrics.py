@@ -229,3 +229,17 @@ def test_textfile_failure_leaves_old_file_and_no_temp(tmp_path, monkeypatch) -> 
         raise AssertionError("the rename failure was swallowed")
     assert path.read_text() == "old content\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kvagent.prom"]
+
+
+def test_shut_down_mounts_and_recoveries() -> None:
+    f = parse(samples.shut_down())
+    assert value(f, "kvagent_initiator_mounts_shut_down", pool="kv") == 1
+    assert value(f, "kvagent_initiator_fs_recoveries_total", pool="kv") == 3
+    assert value(f, "kvagent_initiator_fs_last_recovery_timestamp_seconds",
+                 pool="kv") == samples.T0 - 3600
+    assert f["kvagent_initiator_fs_recoveries"].type == "counter"
+    healthy = parse(samples.healthy())
+    assert value(healthy, "kvagent_initiator_mounts_shut_down", pool="kv") == 0
+    assert value(healthy, "kvagent_initiator_fs_recoveries_total", pool="kv") == 0
+    # never recovered: no timestamp series (unknown, not 0)
+    assert samples_of(healthy, "kvagent_initiator_fs_last_recovery_timestamp_seconds") == {}

@@ -141,3 +141,23 @@ def test_unknown_critical_warning_bits_are_reported() -> None:
     d = samples.drive(critical_warning=0x81)
     assert d.warnings == ("available spare below threshold",)
     assert "critical warning bits 0x80" in d.problems
+
+
+def test_a_shut_down_filesystem_and_its_recoveries(validator) -> None:
+    snap = samples.shut_down()
+    doc = to_status_json(snap)
+    validator.validate(doc)
+    (pool,) = doc["pools"]
+    assert pool["initiator"]["mount"]["shut_down"] == ["/srv/kv/stor1-ns1"]
+    assert pool["initiator"]["recoveries"] == {"count": 3, "last_at": "2025-12-31T23:00:00Z"}
+    assert doc["state"] == "degraded" and any("shut down" in p for p in doc["problems"])
+    healthy = to_status_json(samples.healthy())["pools"][1]["initiator"]
+    assert healthy["mount"]["shut_down"] == [] and healthy["recoveries"] == {
+        "count": 0, "last_at": None}
+    text = render_status_text(snap)
+    assert "xfs SHUT DOWN on 1  recovered 3x" in text
+    assert "  - initiator pool kv: filesystem shut down after I/O errors" in text
+    wrong = json.loads(json.dumps(doc))
+    wrong["pools"][0]["initiator"]["mount"]["shut_down"] = "/srv/kv/stor1-ns1"
+    with pytest.raises(jsonschema.ValidationError):
+        validator.validate(wrong)

@@ -7,10 +7,18 @@ list-ns prints the nsids; blkid -p exits 2 on a blank device; mkfs.xfs writes
 the uuid it is given; mount/umount edit a mountinfo file and move the
 "filesystem's" files in and out of the mount directory, so a directory is
 empty again after umount as on a real host.
+
+Controller attributes written through :class:`KernelSysfs` behave as on 6.1
+(tests/kernel/test_cache_failfast.py): -1 reads back ``off``, ``ctrl_loss_tmo``
+is rounded up to a multiple of ``reconnect_delay``; every write is recorded. A
+filesystem has the size of its device when it was made (or last grown with
+xfs_growfs); a mount in ``shutdown`` is an xfs that shut down (until it is
+mounted again).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -23,6 +31,8 @@ from agent.initiator.nvmecli import NoKernelLog, NvmeCli
 from agent.initiator.probes import ProbeResult
 from agent.initiator.reconcile import HostSeams
 from agent.initiator.sysfs import Sysfs
+from agent.initiator.xfsmount import Geometry
+from agent.system.mountusers import MountUser
 from agent.system.run import CommandResult
 from nvmet.ids import namespace_uuid
 from tests.unit.engines.helpers import probe as fake_probe_result
@@ -44,6 +54,25 @@ class Export:
     nsids: list[int]
     size: int = GIB
     traddr: str = "10.0.0.1"
+
+
+class KernelSysfs(Sysfs):
+    """A Sysfs whose controller attribute writes behave as the 6.1 kernel's, recorded."""
+
+    def __init__(self, root: Path, writes: list[tuple[str, str, str]]):
+        super().__init__(root)
+        self.writes = writes
+
+    def set_controller_attr(self, name: str, attr: str, value: str) -> None:
+        self.writes.append((name, attr, value))
+        d = self.root / "class/nvme" / name
+        number = int(value)
+        if attr == "ctrl_loss_tmo" and number >= 0:
+            delay = int((d / "reconnect_delay").read_text())
+            text = str(-(-number // delay) * delay)
+        else:
+            text = "off" if number < 0 else str(number)
+        (d / attr).write_text(text + "\n")
 
 
 @dataclass
@@ -88,20 +117,40 @@ class FakeHost:
         r.on_call(["lvs"], self._lvs)
         self.runner = r
         self.cli = NvmeCli(r, kernel_log=NoKernelLog())
+        r.on_call(["xfs_growfs"], self._growfs)
         self.sleeps: list[float] = []
         self.now = 0.0
         self.on_sleep = None
+        self.sysfs_writes: list[tuple[str, str, str]] = []
+        #: mount points whose xfs shut down
+        self.shutdown: set[str] = set()
+        #: bytes of each device's filesystem (as made, or last grown)
+        self.fs_bytes: dict[str, int] = {}
+        #: processes using a mount (what /proc would show)
+        self.users: dict[str, list[MountUser]] = {}
 
     # ------------------------------------------------------------ wiring
     @property
     def sysfs(self) -> Sysfs:
-        return Sysfs(self.root / "sys")
+        return KernelSysfs(self.root / "sys", self.sysfs_writes)
 
     def seams(self) -> HostSeams:
         return HostSeams(mountinfo=self.mountinfo, devnum=self.devnum, sleep=self._sleep,
                          clock=lambda: self.now, exists=lambda d: d in self.numbers,
                          superblock=lambda d: self.superblocks.get(d),
-                         volume_slaves=self.volume_slaves)
+                         volume_slaves=self.volume_slaves, wallclock=lambda: 1e9 + self.now,
+                         shut_down=lambda m: m in self.shutdown, geometry=self.geometry,
+                         users=lambda m: self.users.get(m, []))
+
+    def geometry(self, mount: str) -> Geometry:
+        if mount in self.shutdown:  # as on 6.1: opening its root fails
+            raise OSError(errno.EIO, "Input/output error", mount)
+        device = self.mounts()[mount]
+        return Geometry(4096, self.fs_bytes.get(device, self.device_bytes(device)) // 4096)
+
+    def device_bytes(self, device: str) -> int:
+        return int((self.root / "sys/block" / device.removeprefix("/dev/") / "size")
+                   .read_text()) * 512
 
     def volume_slaves(self, pool: str) -> frozenset[str] | None:
         """What sysfs lists under the pool's striped volume while it is active."""
@@ -164,10 +213,13 @@ node:
                 return self.ok(argv, rc=1, err="already connected\n")
         inst = self.next_ctrl
         self.next_ctrl += 1
+        delay = int(self.opt(argv, "--reconnect-delay") or 10)
+        loss = int(self.opt(argv, "--ctrl-loss-tmo") or 600)
         self.sys.add_controller(inst, subsysnqn=nqn, hostnqn=self.opt(argv, "--hostnqn"),
                                 hostid=self.opt(argv, "--hostid"), transport="tcp",
                                 address=f"traddr={traddr},trsvcid=4420,src_addr=10.0.0.9",
-                                ctrl_loss_tmo="off")
+                                ctrl_loss_tmo="off" if loss < 0 else -(-loss // delay) * delay,
+                                reconnect_delay=delay, fast_io_fail_tmo="off")
         first = next((c for c in self.sysfs.controllers()
                       if c.subsysnqn == nqn and c.name != f"nvme{inst}"), None)
         if first is not None:  # a second path: the kernel adds it to the same subsystem
@@ -175,15 +227,35 @@ node:
         self.sys.add_subsystem(inst, nqn, controllers=(inst,))
         export = self._export(nqn)
         for nsid in export.nsids:
-            head = self.sys.add_namespace(inst, nsid, namespace_uuid(nqn, nsid),
-                                          paths=((inst, "optimized"),), size=export.size // 512)
-            number = f"259:{self.next_minor}"
-            self.next_minor += 1
-            self.numbers[f"/dev/nvme{inst}n{nsid}"] = number
-            link = self.root / "sys/dev/block" / number
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(head)
+            self._add_head(inst, nqn, nsid, export.size)
         return self.ok(argv, json.dumps({"device": f"nvme{inst}"}))
+
+    def _add_head(self, inst: int, nqn: str, nsid: int, size: int) -> None:
+        head = self.sys.add_namespace(inst, nsid, namespace_uuid(nqn, nsid),
+                                      paths=((inst, "optimized"),), size=size // 512)
+        number = f"259:{self.next_minor}"
+        self.next_minor += 1
+        self.numbers[f"/dev/nvme{inst}n{nsid}"] = number
+        link = self.root / "sys/dev/block" / number
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(head)
+
+    def _subsys_inst(self, nqn: str) -> int:
+        return next(int(p.name.removeprefix("nvme-subsys"))
+                    for p in (self.root / "sys/class/nvme-subsystem").iterdir()
+                    if (p / "subsysnqn").read_text().strip() == nqn)
+
+    def add_namespaces(self, nqn: str, *nsids: int) -> None:
+        """The storage host exports more namespaces: the kernel adds their heads."""
+        export = self._export(nqn)
+        export.nsids = sorted({*export.nsids, *nsids})
+        inst = self._subsys_inst(nqn)
+        for nsid in nsids:
+            self._add_head(inst, nqn, nsid, export.size)
+
+    def resize(self, nqn: str, nsid: int, size: int) -> None:
+        """The storage host grew a namespace: the kernel updates the head's size."""
+        self.sys.set(f"block/nvme{self._subsys_inst(nqn)}n{nsid}/size", size // 512)
 
     def _list_ns(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
         name = os.path.basename(argv[2])
@@ -219,6 +291,15 @@ node:
         uuid = self.opt(argv, "-m").removeprefix("uuid=")
         self.content[device] = {"UUID": uuid, "LABEL": self.opt(argv, "-L"), "TYPE": "xfs"}
         self.superblocks[device] = XfsSuperblock(uuid, inprogress=False)
+        block = self.root / "sys/block" / device.removeprefix("/dev/")
+        self.fs_bytes[device] = self.device_bytes(device) if block.exists() else 1 << 40
+        return self.ok(argv)
+
+    def _growfs(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        path = argv[-1]
+        assert path not in self.shutdown, f"xfs_growfs on shut-down {path}"
+        device = self.mounts()[path]
+        self.fs_bytes[device] = self.device_bytes(device)
         return self.ok(argv)
 
     def mounts(self) -> dict[str, str]:
@@ -249,6 +330,7 @@ node:
                 shutil.move(str(child), path)
         options = tuple(self.opt(argv, "-o").split(",")) if "-o" in argv else ()
         self.mount_line(device, path, options=options)
+        self.shutdown.discard(path)
         return self.ok(argv)
 
     def _umount(self, argv: tuple[str, ...], _: str | None) -> CommandResult:

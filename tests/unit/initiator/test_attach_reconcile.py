@@ -72,8 +72,9 @@ def state(host: FakeHost) -> dict:
     return load_state(host.root / "state")
 
 
-def ns_mounts(host: FakeHost, n: int = 2, name: str = "kv") -> list[str]:
-    return [str(host.root / "mnt" / name / f"ns{i}") for i in range(1, n + 1)]
+def ns_mounts(host: FakeHost, n: int = 2, name: str = "kv", node: str = "store1") -> list[str]:
+    """Where namespaces 1..n of storage node ``node`` are mounted: by identity."""
+    return [str(host.root / "mnt" / name / f"{node}-ns{i}") for i in range(1, n + 1)]
 
 
 # ------------------------------------------------------------------ attach
@@ -218,7 +219,7 @@ def test_shared_pool_connects_only(host: FakeHost) -> None:
     host.exports = [Export(SHARED, [1])]
     result = run(host, pool_yaml(host, shared=True, engines=""))
     assert result.ok, result.errors
-    assert kinds(result) == ["nvme.connect"]
+    assert kinds(result) == ["nvme.connect", "nvme.timeout"]
     assert host.runner.ran("blkid") == [] and host.runner.ran("mkfs.xfs") == []
     assert host.mounts() == {} and not (host.root / "mnt").exists()
     assert state(host)["kv"].mounts == []
@@ -236,7 +237,7 @@ def test_small_namespace_gets_a_clear_error_not_mkfs(host: FakeHost) -> None:
 
 
 def test_files_in_an_unmounted_mount_directory_are_not_hidden(host: FakeHost) -> None:
-    ns1 = host.root / "mnt/kv/ns1"
+    ns1 = Path(ns_mounts(host)[0])
     ns1.mkdir(parents=True)
     (ns1 / "cache.bin").write_text("written while the pool was not mounted")
     result = run(host, pool_yaml(host))
@@ -314,8 +315,8 @@ def test_changed_mount_path_moves_the_pool(host: FakeHost) -> None:
     new = str(host.root / "elsewhere")
     result = run(host, pool_yaml(host, mount=new))
     assert result.ok, result.errors
-    assert sorted(host.mounts()) == [f"{new}/ns1", f"{new}/ns2"]
-    assert state(host)["kv"].mounts == [f"{new}/ns1", f"{new}/ns2"]
+    moved = [f"{new}/store1-ns1", f"{new}/store1-ns2"]
+    assert sorted(host.mounts()) == moved and state(host)["kv"].mounts == moved
 
 
 def test_engine_removed_from_config_loses_its_renders(host: FakeHost) -> None:
@@ -338,7 +339,7 @@ def test_striped_pool_makes_one_tagged_volume_and_detaches_it(host: FakeHost) ->
     assert lvcreate[lvcreate.index("-i") + 1] == "2"
     assert host.mounts() == {str(host.root / "mnt/kv"): "/dev/kvs_kv/data"}
     assert host.content["/dev/kvs_kv/data"]["TYPE"] == "xfs"
-    assert kinds(result)[:3] == ["nvme.connect", "lvm.striped", "mkfs.xfs"]
+    assert kinds(result)[:4] == ["nvme.connect", "nvme.timeout", "lvm.striped", "mkfs.xfs"]
 
     again = run(host, pool_yaml(host, layout="striped"))
     assert again.ok and not again.changed and len(host.runner.ran("vgcreate")) == 1
@@ -386,7 +387,7 @@ def test_two_paths_to_one_subsystem_mount_each_namespace_once(host: FakeHost) ->
     assert run(host).ok and host.sysfs.controllers() == []
 
 
-def test_namespaces_of_several_storage_hosts_land_on_mounts_in_a_stable_order(
+def test_namespaces_of_several_storage_hosts_are_mounted_by_storage_node_and_nsid(
         host: FakeHost) -> None:
     other = f"{PREFIX}:store0:kv:gpu0"
     host.exports = [Export(NQN, [1]), Export(other, [1])]  # discovery lists store1 first
@@ -394,8 +395,12 @@ def test_namespaces_of_several_storage_hosts_land_on_mounts_in_a_stable_order(
     assert result.ok, result.errors
     by_mount = {m: host.content[src]["UUID"] for m, src in host.mounts().items()}
     assert by_mount == {
-        ns_mounts(host)[0]: str(filesystem_uuid(HOST, namespace_uuid(other, 1))),
-        ns_mounts(host)[1]: str(filesystem_uuid(HOST, namespace_uuid(NQN, 1)))}
+        ns_mounts(host, 1, node="store0")[0]: str(filesystem_uuid(HOST, namespace_uuid(other,
+                                                                                       1))),
+        ns_mounts(host, 1)[0]: str(filesystem_uuid(HOST, namespace_uuid(NQN, 1)))}
+    rec = state(host)["kv"]
+    assert {(d.subsysnqn, d.mount) for d in rec.devices} == {
+        (other, ns_mounts(host, 1, node="store0")[0]), (NQN, ns_mounts(host, 1)[0])}
 
 
 def multipath_pool(host: FakeHost) -> str:

@@ -330,6 +330,14 @@ def test_pool_entries_picks_this_pools_subsystems() -> None:
     assert [e.subnqn for e in only_store2] == [f"{PREFIX}:store2:pool0"]
 
 
+def test_pool_entries_without_a_host_keep_whatever_name_the_acl_offers() -> None:
+    """The attach pass asks without ``host``: the log lists only what this host NQN may
+    use, so a per-host subsystem named for another name is still this host's."""
+    entries = [entry(f"{PREFIX}:store1:pool0:gpu-old"), entry(f"{PREFIX}:store1:pool1:gpu0")]
+    assert [e.subnqn for e in pool_entries(entries, PREFIX, "pool0")] == [
+        f"{PREFIX}:store1:pool0:gpu-old"]
+
+
 def test_pool_entries_over_a_recorded_discovery_log() -> None:
     log = parse_discover((FIX / "discover-local.json").read_text())
     [e] = pool_entries(log, PREFIX, "pool0", host="gpu0")

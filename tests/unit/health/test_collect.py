@@ -134,7 +134,7 @@ def test_a_shut_down_xfs_is_a_problem_and_recoveries_come_from_the_records(
         recoveries=[MountRecovery(mounts[0], 2, 1_767_000_000.0),
                     MountRecovery(mounts[1], 1, 1_767_100_000.0)])})
     mountinfo = tmp_path / "mountinfo"
-    mountinfo.write_text("".join(f"9{i} 1 259:{i} / {m} rw - xfs /dev/nvme2n{i} rw\n"
+    mountinfo.write_text("".join(f"9{i} 1 259:{i} / {m} rw - xfs /dev/nvme2n{i} rw,prjquota\n"
                                  for i, m in enumerate(mounts, 1)))
     dead: set[str] = set()
 

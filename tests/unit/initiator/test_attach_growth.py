@@ -84,7 +84,7 @@ def old_format(host: FakeHost) -> None:
         host.runner(["umount", old])
         os.rmdir(old)
         os.makedirs(new)
-        host.runner(["mount", "-t", "xfs", device, new])
+        host.runner(["mount", "-t", "xfs", "-o", "noatime,prjquota", device, new])
     pool["mounts"] = [renamed[m] for m in pool["mounts"]]
     pool["created_dirs"] = [d for d in pool["created_dirs"] if d not in renamed]
     path.write_text(json.dumps(data))

@@ -68,7 +68,7 @@ def done(result: RunResult) -> list[tuple[str, str]]:
 
 
 def mounts(host: FakeHost) -> list[str]:
-    return [str(host.root / "mnt/kv" / f"ns{i}") for i in (1, 2)]
+    return [str(host.root / "mnt/kv" / f"store1-ns{i}") for i in (1, 2)]
 
 
 def quota_modes(host: FakeHost) -> dict[str, str]:

@@ -129,7 +129,7 @@ def test_a_kernel_without_the_policy_is_the_pools_error_and_the_pool_still_attac
         "(EINVAL): queue-depth needs Linux 6.11 or later, and this host runs 6.1.0-57-amd64")
     assert error.hint and "numa or round-robin" in error.hint
     assert policy_of(host) == "numa"
-    assert sorted(host.mounts()) == [str(host.root / f"mnt/kv/ns{i}") for i in (1, 2)]
+    assert sorted(host.mounts()) == [str(host.root / f"mnt/kv/store1-ns{i}") for i in (1, 2)]
 
 
 def test_a_kernel_without_native_multipath_says_so(host: FakeHost) -> None:

@@ -17,7 +17,7 @@ import yaml
 
 from ..config.model import EngineKind
 from ..errors import UsageError
-from ..initiator.probes import ProbeResult
+from ..system.probes import ProbeResult
 from ..system.gds import GdsReadiness
 
 Format = Literal["yaml", "json", "env", "args"]

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..config.model import Config, EngineConfig, InitiatorPool
 from ..errors import KvagentError, UsageError
-from ..initiator.probes import (
+from ..system.probes import (
     DioAlign,
     FallocateResult,
     ODirectResult,

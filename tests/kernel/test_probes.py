@@ -15,7 +15,7 @@ from agent.config.model import EngineConfig
 from agent.config.types import FileMode
 from agent.engines import EngineContext, render
 from agent.engines.dirs import prepare
-from agent.initiator.probes import probe_mount
+from agent.system.probes import probe_mount
 
 from . import kit
 

@@ -15,8 +15,8 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from agent.initiator import probes
-from agent.initiator.probes import logical_block_size, probe_mount
+from agent.system import probes
+from agent.system.probes import logical_block_size, probe_mount
 
 # Filesystems whose regular files take O_DIRECT, fallocate and report STATX_DIOALIGN
 # (ext4 and xfs since Linux 6.1).

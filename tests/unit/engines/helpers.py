@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import re
 
-from agent.initiator.probes import (
+from agent.system.probes import (
     DioAlign,
     FallocateResult,
     ODirectResult,

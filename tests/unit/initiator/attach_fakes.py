@@ -28,7 +28,7 @@ from pathlib import Path
 from agent.config import Config, parse_config
 from agent.initiator.filesystem import XfsSuperblock
 from agent.initiator.nvmecli import NoKernelLog, NvmeCli
-from agent.initiator.probes import ProbeResult
+from agent.system.probes import ProbeResult
 from agent.initiator.reconcile import HostSeams
 from agent.initiator.sysfs import Sysfs
 from agent.initiator.xfsmount import Geometry

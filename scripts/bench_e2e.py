@@ -40,6 +40,47 @@ LISTEN = "127.0.0.1:9809"
 INTERVAL = 30.0
 RUN_INTERVALS = 3
 AGENT = [sys.executable, "-m", "agent"]
+#: The phases after the converged passes: the command as a process, ``kvagent run``.
+PHASES = ("apply", "run")
+
+
+class PhaseTimer:
+    """Wall seconds of a pass's parts: the storage side, the GPU side's detach and
+    attach, the engines' hand-off, and the last-apply record (patched in for one pass)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def _wrap(self, owner: Any, name: str, label: str) -> None:
+        original = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - t0
+
+        setattr(owner, name, timed)
+        self._undo.append((owner, name, original))
+
+    def __enter__(self) -> PhaseTimer:
+        from agent import reconcile
+        from agent.engines import handoff
+        from agent.initiator.reconcile import InitiatorPass
+        from agent.target.reconcile import TargetPass
+
+        self._wrap(TargetPass, "run", "storage side")
+        self._wrap(InitiatorPass, "detach_removed", "GPU side: detach")
+        self._wrap(InitiatorPass, "attach_configured", "GPU side: attach")
+        self._wrap(handoff, "hand_off", "engines hand-off")
+        self._wrap(reconcile, "write_last_apply", "last-apply record")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
 
 
 def pool_name(i: int) -> str:
@@ -101,7 +142,10 @@ def timed_process(argv: list[str]) -> tuple[float, float, int]:
             os.waitstatus_to_exitcode(status))
 
 
-def run(pools: int, per: int, attach: int, out: Path, drive: str) -> tuple[dict, str]:
+def run(pools: int, per: int, attach: int, out: Path, drive: str,
+        phases: tuple[str, ...] = PHASES) -> tuple[dict, str]:
+    """Every figure for one shape; ``phases`` picks which of :data:`PHASES` run after
+    the converged passes (``()``: the passes and their profile only)."""
     from agent.config import parse_config
     from agent.log import configure_logging
     from agent.reconcile import run_pass
@@ -136,10 +180,12 @@ def run(pools: int, per: int, attach: int, out: Path, drive: str) -> tuple[dict,
     attached = sum(1 for p in Path("/sys/block").iterdir()
                    if p.name.startswith("nvme") and "c" not in p.name[4:])
     row["gpu_block_devices"] = attached
-    walls, cpus, commands = [], [], []
+    walls, cpus, commands, phases = [], [], [], []
     for _ in range(3):
         runner = CountingRunner()
-        wall, cpu, res = one_pass(runner)
+        with PhaseTimer() as timer:
+            wall, cpu, res = one_pass(runner)
+        phases.append(timer.seconds)
         if not res.ok or res.changed or res.configfs_writes:
             raise SystemExit(f"converged pass changed something: {res.errors[:3]} "
                              f"{[a for a in res.actions][:5]}")
@@ -147,15 +193,22 @@ def run(pools: int, per: int, attach: int, out: Path, drive: str) -> tuple[dict,
         cpus.append(cpu)
         commands.append(runner.calls)
     row["converged"] = {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus),
-                        "walls": walls, "commands": [list(map(list, c)) for c in commands]}
-    print(f"converged: {walls} s, CPU {cpus}, commands {commands[-1][:5]}", flush=True)
+                        "walls": walls, "commands": [list(map(list, c)) for c in commands],
+                        "phases_s": {k: statistics.median(p.get(k, 0.0) for p in phases)
+                                     for k in phases[0]}}
+    print(f"converged: {walls} s, CPU {cpus}, commands {commands[-1][:5]}, phases "
+          f"{row['converged']['phases_s']}", flush=True)
     prof = cProfile.Profile()
     prof.enable()
     one_pass()
     prof.disable()
     buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(30)
+    stats = pstats.Stats(prof, stream=buf)
+    stats.sort_stats("cumulative").print_stats(45)
+    stats.sort_stats("tottime").print_stats(45)
     (out / "profile-e2e-converged.txt").write_text(buf.getvalue())
+    if "apply" not in phases:
+        return row, report(row)
 
     # The whole command, as an operator runs it: interpreter start and imports included.
     base = [timed_process([*AGENT, "--version"])]
@@ -167,6 +220,8 @@ def run(pools: int, per: int, attach: int, out: Path, drive: str) -> tuple[dict,
                             "interpreter_cpu_s": min(c for _, c, _ in base)}
     print(f"apply command: {row['apply_command']}", flush=True)
 
+    if "run" not in phases:
+        return row, report(row)
     print(f"[{time.strftime('%X')}] kvagent run", flush=True)
     row["run"] = agent_run(path)
     text = report(row)
@@ -247,7 +302,7 @@ def agent_run(path: Path) -> dict[str, Any]:
 
 
 def report(row: dict[str, Any]) -> str:
-    c, v, a, r = row["cold"], row["converged"], row["apply_command"], row["run"]
+    c, v = row["cold"], row["converged"]
     cmds = v["commands"][-1]
     lines = [
         f"end to end: {row['pools']} pools x {row['namespaces_per_pool']} namespaces "
@@ -260,19 +315,26 @@ def report(row: dict[str, Any]) -> str:
         f" CPU {v['cpu_s']:.2f} s, 0 configfs writes; converged/cold "
         f"{v['wall_s'] / c['wall_s']:.3f}; commands run: {len(cmds)}"
         + (f" ({', '.join(' '.join(x[:2]) for x in cmds[:6])})" if cmds else ""),
-        f"  `kvagent apply` as a process, converged: {a['wall_s']:.2f} s wall, CPU "
-        f"{a['cpu_s']:.2f} s; of which the interpreter start with kvagent's imports "
-        f"(`python -m agent --version`) {a['interpreter_wall_s']:.2f} s wall, CPU "
-        f"{a['interpreter_cpu_s']:.2f} s",
-        f"  `kvagent run` (interval {r['interval_s']:.0f} s, {r['seconds']:.0f} s measured): "
-        f"CPU {r['cpu_s_per_interval']:.2f} s per interval = "
-        f"{r['cpu_percent_of_one_core']:.2f} % of one core (goal <= 2 %); RSS median "
-        f"{r['rss_mib']['median']:.1f} MiB, max {r['rss_mib']['max']:.1f} MiB (goal <= 60)",
-        f"  /metrics over 200 scrapes: p50 {r['scrape_ms']['p50']:.1f} ms, p99 "
-        f"{r['scrape_ms']['p99']:.1f} ms (goal <= 20)",
-        f"  `kvagent status`: {r['status_inprocess_s']:.2f} s in process (goal <= 1 s); "
-        f"{r['status_command_s']:.2f} s as a process (interpreter start included)",
+        "    of which " + ", ".join(f"{k} {s:.2f} s" for k, s in v["phases_s"].items()),
     ]
+    a = row.get("apply_command")
+    if a:
+        lines.append(
+            f"  `kvagent apply` as a process, converged: {a['wall_s']:.2f} s wall, CPU "
+            f"{a['cpu_s']:.2f} s; of which the interpreter start with kvagent's imports "
+            f"(`python -m agent --version`) {a['interpreter_wall_s']:.2f} s wall, CPU "
+            f"{a['interpreter_cpu_s']:.2f} s")
+    r = row.get("run")
+    if r:
+        lines += [
+            f"  `kvagent run` (interval {r['interval_s']:.0f} s, {r['seconds']:.0f} s measured): "
+            f"CPU {r['cpu_s_per_interval']:.2f} s per interval = "
+            f"{r['cpu_percent_of_one_core']:.2f} % of one core (goal <= 2 %); RSS median "
+            f"{r['rss_mib']['median']:.1f} MiB, max {r['rss_mib']['max']:.1f} MiB (goal <= 60)",
+            f"  /metrics over 200 scrapes: p50 {r['scrape_ms']['p50']:.1f} ms, p99 "
+            f"{r['scrape_ms']['p99']:.1f} ms (goal <= 20)",
+            f"  `kvagent status`: {r['status_inprocess_s']:.2f} s in process (goal <= 1 s); "
+            f"{r['status_command_s']:.2f} s as a process (interpreter start included)"]
     return "\n".join(lines)
 
 

@@ -64,7 +64,7 @@ from .mounts import (
 )
 from .nvmecli import ConnectError, FabricsOptions, NvmeCli
 from .striped import deactivate, dm_name, ensure_striped_volume, volume_path, volume_slaves
-from .sysfs import Controller, Sysfs, read_attr
+from .sysfs import Controller, NamespaceHead, Sysfs, read_attr
 
 log = get_logger("initiator")
 Attachment = SubsystemPath
@@ -374,12 +374,14 @@ class InitiatorPass:
         devices: list[NamespaceDevice] = []
         for nqn, controllers in connected.items():
             ctrl = self._live_controller(nqn, controllers, wait)
-            nsids = self._known_nsids(nqn, old) or self.cli.list_ns(ctrl.name)
+            heads: dict[int, NamespaceHead] = {}
+            nsids = self._known_nsids(nqn, old, heads) or self.cli.list_ns(ctrl.name)
             if not nsids:
                 raise KvagentError(f"{nqn} has no namespaces for this host",
                                    "check the pool on the storage host (kvagent status there)")
             with progress.step(f"waiting for the namespaces of {nqn}", wait):
-                found = wait_for_namespaces(self.sysfs, nqn, nsids, timeout=wait)
+                found = wait_for_namespaces(self.sysfs, nqn, nsids, timeout=wait,
+                                            heads=heads or None)
             record.devices += [AttachedDevice(d.subsysnqn, d.nsid, d.uuid, d.device)
                                for d in found]
             devices += found
@@ -398,17 +400,21 @@ class InitiatorPass:
         record.complete = True
         return mounted
 
-    def _known_nsids(self, nqn: str, old: PoolAttachment | None) -> list[int]:
+    def _known_nsids(self, nqn: str, old: PoolAttachment | None,
+                     seen: dict[int, NamespaceHead] | None = None) -> list[int]:
         """The namespaces of ``nqn`` from sysfs, when sysfs already answers: the pool was
         attached in full before and every namespace recorded then still has its block
         device with the same identity (``[]`` otherwise: ``nvme list-ns`` asks the
-        controller). Namespaces the kernel added since are included."""
+        controller). Namespaces the kernel added since are included. ``seen`` gets what
+        sysfs showed (the first look of the wait for the namespaces that follows)."""
         if old is None or not old.complete:
             return []
         recorded = {d.nsid: d.uuid.lower() for d in old.devices if d.subsysnqn == nqn}
         if not recorded:
             return []
         heads = self.sysfs.subsystem_namespaces(nqn)
+        if seen is not None:
+            seen.update(heads)
         if any((heads[n].uuid or "").lower() != u if n in heads else True
                for n, u in recorded.items()):
             return []

@@ -46,18 +46,28 @@ _SUBSYS_RE = re.compile(r"^nvme-subsys(\d+)$")
 SECTOR = 512
 
 
-def read_attr(path: Path) -> str | None:
-    """Contents of one sysfs attribute, stripped; None if it vanished or cannot be read."""
+def read_attr(path: Path | str) -> str | None:
+    """Contents of one sysfs attribute, stripped; None if it vanished or cannot be read.
+
+    One open, read and close (a sysfs attribute is at most a page, filled on the first
+    read): every pass reads a dozen of them per namespace on a GPU host.
+    """
     try:
-        return path.read_text(errors="replace").strip()
-    except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
-        return None
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
-        # ENODEV/ENXIO from a device being torn down, EACCES on write-only files.
+        # gone (ENOENT, ENOTDIR), ENODEV/ENXIO from a device being torn down, EACCES
+        # on write-only files
         return None
+    try:
+        data = os.read(fd, 65536)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace").strip()
 
 
-def _read_int(path: Path) -> int | None:
+def _read_int(path: Path | str) -> int | None:
     text = read_attr(path)
     if text is None:
         return None
@@ -67,14 +77,14 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-def _link_name(path: Path) -> str | None:
+def _link_name(path: Path | str) -> str | None:
     try:
         return os.path.basename(os.readlink(path))
     except OSError:
         return None
 
 
-def _listdir(path: Path) -> list[str]:
+def _listdir(path: Path | str) -> list[str]:
     try:
         return sorted(os.listdir(path))
     except OSError:
@@ -281,31 +291,32 @@ class Sysfs:
         (:meth:`path_nodes`; listed here if not given: a caller looking at many heads
         lists them once).
         """
-        d = self.root / "block" / name
         if not _HEAD_RE.match(name):
             return None
-        uuid = read_attr(d / "uuid")
-        nsid = _read_int(d / "nsid")
+        root = str(self.root)
+        d = f"{root}/block/{name}"
+        uuid = read_attr(f"{d}/uuid")
+        nsid = _read_int(f"{d}/nsid")
         if uuid is None and nsid is None:
             return None  # gone (or not a namespace)
-        parent = _link_name(d / "device")
+        parent = _link_name(f"{d}/device")
         subsystem = parent if parent and _SUBSYS_RE.match(parent) else None
         subsysnqn = None
         if subsystem:
-            subsysnqn = read_attr(self.root / "class/nvme-subsystem" / subsystem / "subsysnqn")
+            subsysnqn = read_attr(f"{root}/class/nvme-subsystem/{subsystem}/subsysnqn")
             paths = self._paths_of(name, block)
         else:
             # No native multipath: the block device hangs off its controller directly.
             ctrl = parent if parent and _CTRL_RE.match(parent) else None
             if ctrl:
-                subsysnqn = read_attr(self.root / "class/nvme" / ctrl / "subsysnqn")
+                subsysnqn = read_attr(f"{root}/class/nvme/{ctrl}/subsysnqn")
             paths = (NamespacePath(name=name, controller=ctrl, controller_state=(
-                read_attr(self.root / "class/nvme" / ctrl / "state") if ctrl else None),
-                ana_state=read_attr(d / "ana_state"), ana_grpid=_read_int(d / "ana_grpid")),)
+                read_attr(f"{root}/class/nvme/{ctrl}/state") if ctrl else None),
+                ana_state=read_attr(f"{d}/ana_state"), ana_grpid=_read_int(f"{d}/ana_grpid")),)
         return NamespaceHead(
-            name=name, nsid=nsid, uuid=uuid, nguid=read_attr(d / "nguid"),
-            wwid=read_attr(d / "wwid"), size_sectors=_read_int(d / "size"),
-            logical_block_size=_read_int(d / "queue/logical_block_size"),
+            name=name, nsid=nsid, uuid=uuid, nguid=read_attr(f"{d}/nguid"),
+            wwid=read_attr(f"{d}/wwid"), size_sectors=_read_int(f"{d}/size"),
+            logical_block_size=_read_int(f"{d}/queue/logical_block_size"),
             subsystem=subsystem, subsysnqn=subsysnqn, paths=paths,
         )
 
@@ -322,18 +333,19 @@ class Sysfs:
     def _paths_of(self, head: str,
                   block: dict[str, list[str]] | None = None) -> tuple[NamespacePath, ...]:
         found = []
+        root = str(self.root)
         for entry in (self.path_nodes() if block is None else block).get(head, ()):
             pm = _PATH_RE.match(entry)
             assert pm
-            d = self.root / "block" / entry
-            ctrl = _link_name(d / "device") or f"nvme{pm.group(2)}"
-            ana_state = read_attr(d / "ana_state")
-            if ana_state is None and not d.exists():
+            d = f"{root}/block/{entry}"
+            ctrl = _link_name(f"{d}/device") or f"nvme{pm.group(2)}"
+            ana_state = read_attr(f"{d}/ana_state")
+            if ana_state is None and not os.path.exists(d):
                 continue  # the path went away while we looked
             found.append(NamespacePath(
                 name=entry, controller=ctrl,
-                controller_state=read_attr(self.root / "class/nvme" / ctrl / "state"),
-                ana_state=ana_state, ana_grpid=_read_int(d / "ana_grpid"),
+                controller_state=read_attr(f"{root}/class/nvme/{ctrl}/state"),
+                ana_state=ana_state, ana_grpid=_read_int(f"{d}/ana_grpid"),
             ))
         return tuple(found)
 
@@ -349,24 +361,26 @@ class Sysfs:
         """The namespaces of subsystem ``subsysnqn`` on this host, by nsid.
 
         Looks only at that subsystem: its ``nvme-subsys`` directory (multipath heads) and
-        its controllers' directories (heads without native multipath); ``<sysfs>/block``
-        is listed once for the paths. No walk of every block device.
+        its controllers' directories (the heads' hidden path nodes, and heads without
+        native multipath). No walk of every block device, no listing of ``<sysfs>/block``.
         """
         out: dict[int, NamespaceHead] = {}
-        block: dict[str, list[str]] | None = None
-        root = self.root / "class/nvme-subsystem"
+        root = f"{self.root}/class/nvme-subsystem"
         for sub in _listdir(root):
-            if not _SUBSYS_RE.match(sub) or read_attr(root / sub / "subsysnqn") != subsysnqn:
+            if not _SUBSYS_RE.match(sub) or read_attr(f"{root}/{sub}/subsysnqn") != subsysnqn:
                 continue
-            entries = _listdir(root / sub)
+            entries = _listdir(f"{root}/{sub}")
             heads = [e for e in entries if _HEAD_RE.match(e)]
+            # A hidden path node nvme<S>c<C>n<N> is a child of its controller nvme<C>.
+            paths: dict[str, list[str]] = {}
             for ctrl in (e for e in entries if _CTRL_RE.match(e)):
-                heads += [e for e in _listdir(self.root / "class/nvme" / ctrl)
-                          if _HEAD_RE.match(e)]
-            if heads and block is None:
-                block = self.path_nodes()
+                for e in _listdir(f"{self.root}/class/nvme/{ctrl}"):
+                    if _HEAD_RE.match(e):
+                        heads.append(e)
+                    elif pm := _PATH_RE.match(e):
+                        paths.setdefault(f"nvme{pm.group(1)}n{pm.group(3)}", []).append(e)
             for name in heads:
-                head = self.namespace(name, block)
+                head = self.namespace(name, paths)
                 if head is not None and head.nsid is not None and head.subsysnqn == subsysnqn:
                     out.setdefault(head.nsid, head)
         return out

@@ -65,7 +65,32 @@ def test_found_at_once_with_paths_and_ana(tmp_path: Path) -> None:
     assert [(p.controller, p.ana_state) for p in dev.paths] == [
         ("nvme3", "optimized"), ("nvme4", "non-optimized")]
     assert len(dev.live_paths) == 2
-    assert waiter.waits == [] and waiter.entered and waiter.exited
+    # everything was there at the first look: no udev monitor was set up, no wait
+    assert waiter.waits == [] and not waiter.entered
+
+
+def test_the_callers_first_look_is_used(tmp_path: Path) -> None:
+    """A caller that has just read the subsystem's namespaces hands them in: they are not
+    read again; a namespace missing from them is waited for (and read) as usual."""
+    fake = setup(tmp_path)
+    fake.add_namespace(3, 1, U1, paths=((3, "optimized"),))
+    heads = Sysfs(tmp_path).subsystem_namespaces(NQN)
+    fake.add_namespace(3, 2, U2, paths=((3, "optimized"),))
+    reads: list[str] = []
+
+    class Counting(Sysfs):
+        def subsystem_namespaces(self, subsysnqn: str):  # type: ignore[no-untyped-def]
+            reads.append(subsysnqn)
+            return super().subsystem_namespaces(subsysnqn)
+
+    clock = [0.0]
+    [dev] = wait_for_namespaces(Counting(tmp_path), NQN, [1], timeout=5,
+                                waiter=StepWaiter(clock), clock=lambda: clock[0], heads=heads)
+    assert dev.uuid == U1 and reads == []
+    waiter = StepWaiter(clock)
+    devs = wait_for_namespaces(Counting(tmp_path), NQN, [1, 2], timeout=5, waiter=waiter,
+                               clock=lambda: clock[0], heads=heads)
+    assert [d.uuid for d in devs] == [U1, U2] and reads == [NQN] and waiter.entered
 
 
 def test_waits_until_the_kernel_adds_them(tmp_path: Path) -> None:

@@ -20,8 +20,8 @@ from nvmet.errors import NvmetError
 from ..config.model import Config, InitiatorPool, TargetPool
 from ..engines.dirs import engine_capacities, engine_dir, usage
 from ..errors import KvagentError
-from ..initiator.mounts import mounted_at
-from ..initiator.sysfs import Sysfs
+from ..initiator.mounts import read_mounts
+from ..initiator.sysfs import Controller, Sysfs
 from ..log import get_logger
 from ..records import (
     InitiatorRecords,
@@ -67,8 +67,12 @@ def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
         pools += _target_pools(cfg, fs)
     if cfg.initiator is not None:
         state = _safe_initiator_state(cfg)
+        # Read once per collect for every pool: the controllers, the mount table.
+        every = sysfs.controllers() if state else []
+        table = _mount_table() if state else {}
         for pool in cfg.initiator.pools:
-            health, ctrls = _initiator_pool(cfg, pool, state.get(pool.name), sysfs)
+            health, ctrls = _initiator_pool(cfg, pool, state.get(pool.name), sysfs, every,
+                                            table)
             pools.append(health)
             controllers += ctrls
     found_drives = ()
@@ -199,8 +203,20 @@ def _probe_summary(cfg: Config, pool: str) -> dict[str, bool] | None:
             "fallocate": all(p.get("fallocate_ok") for p in probes)}
 
 
+def _mount_table() -> dict[str, object]:
+    """Mount points now (the last mount on a point wins, as :func:`mounted_at` says)."""
+    try:
+        return {e.mount_point: e for e in read_mounts()}
+    except OSError:
+        return {}
+
+
 def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | None,
-                    sysfs: Sysfs) -> tuple[PoolHealth, list[ControllerHealth]]:
+                    sysfs: Sysfs, every: list[Controller] | None = None,
+                    table: dict[str, object] | None = None
+                    ) -> tuple[PoolHealth, list[ControllerHealth]]:
+    """``every``: the host's controllers, ``table``: its mount points (read here when not
+    given); the pool's namespaces are read from its own subsystems only."""
     if record is None:
         side = InitiatorSide(controllers_expected=len(pool.targets), controllers_live=0,
                              namespaces_expected=0, namespaces_found=0, mount_path=pool.mount)
@@ -209,9 +225,9 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
                           initiator=side), []
     hostnqn = record.hostnqn
     subs = {s.subsysnqn: s for s in record.subsystems}
-    heads = {ns.name: ns for ns in sysfs.namespaces()}
+    heads = {ns.name: ns for nqn in subs for ns in sysfs.subsystem_namespaces(nqn).values()}
     ctrls: list[ControllerHealth] = []
-    for c in sysfs.controllers():
+    for c in sysfs.controllers() if every is None else every:
         if c.subsysnqn not in subs or c.hostnqn != hostnqn:
             continue
         paths = tuple(PathAna(p.name, p.ana_state or "unknown", h.nsid)
@@ -221,10 +237,12 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
                                       c.address.traddr or "", c.address.trsvcid or "",
                                       c.state, paths))
     devices = record.devices
-    found = sum(1 for d in devices
-                if any((h.uuid or "").lower() == d.uuid.lower() for h in heads.values()))
+    uuids = {(h.uuid or "").lower() for h in heads.values()}
+    found = sum(1 for d in devices if d.uuid.lower() in uuids)
     mounts = record.mounts
-    mounted = [m for m in mounts if mounted_at(m) is not None]
+    if table is None:
+        table = _mount_table()
+    mounted = [m for m in mounts if os.path.normpath(m) in table]
     size = free = 0
     for m in mounted:
         try:

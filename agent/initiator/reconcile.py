@@ -237,12 +237,12 @@ class InitiatorPass:
                 """Record what this attach has done (or is about to do) so far."""
                 if self.dry_run or not box:
                     return
-                merged = copy.deepcopy(merge_record(old, box[0]))
+                merged = merge_record(old, box[0])
                 if not merged.subsystems:  # nothing connected, nothing to undo later
                     if state.pop(name, None) is not None:
                         save_state(self.state_dir, state)
                 elif state.get(name) != merged:
-                    state[name] = merged
+                    state[name] = copy.deepcopy(merged)
                     save_state(self.state_dir, state)
 
             self._checkpoint = checkpoint

@@ -84,6 +84,15 @@ def _link_name(path: Path | str) -> str | None:
         return None
 
 
+def _shared(seen: dict[str, str | None] | None, path: str) -> str | None:
+    """:func:`read_attr`, once per path for one caller's look (``seen``: None = always)."""
+    if seen is None:
+        return read_attr(path)
+    if path not in seen:
+        seen[path] = read_attr(path)
+    return seen[path]
+
+
 def _listdir(path: Path | str) -> list[str]:
     try:
         return sorted(os.listdir(path))
@@ -229,30 +238,39 @@ class Sysfs:
 
     # -- controllers ----------------------------------------------------------
     def controller_names(self) -> list[str]:
-        names = [n for n in _listdir(self.root / "class/nvme") if _CTRL_RE.match(n)]
+        names = [n for n in _listdir(f"{self.root}/class/nvme") if _CTRL_RE.match(n)]
         return sorted(names, key=lambda n: int(n[4:]))
 
     def controller(self, name: str) -> Controller | None:
         """The controller ``name`` (``nvme3``), or None if it is gone or half torn down."""
-        d = self.root / "class/nvme" / name
-        transport = read_attr(d / "transport")
-        address = read_attr(d / "address")
-        state = read_attr(d / "state")
-        subsysnqn = read_attr(d / "subsysnqn")
+        d = f"{self.root}/class/nvme/{name}"
+        transport = read_attr(f"{d}/transport")
+        address = read_attr(f"{d}/address")
+        state = read_attr(f"{d}/state")
+        subsysnqn = read_attr(f"{d}/subsysnqn")
         if transport is None or address is None or state is None or subsysnqn is None:
             return None
         return Controller(
             name=name, transport=transport, address=Address.parse(address), state=state,
-            subsysnqn=subsysnqn, hostnqn=read_attr(d / "hostnqn"), hostid=read_attr(d / "hostid"),
-            cntlid=_read_int(d / "cntlid"), ctrl_loss_tmo=read_attr(d / "ctrl_loss_tmo"),
-            reconnect_delay=read_attr(d / "reconnect_delay"),
-            fast_io_fail_tmo=read_attr(d / "fast_io_fail_tmo"), kato=read_attr(d / "kato"),
-            queue_count=_read_int(d / "queue_count"), sqsize=_read_int(d / "sqsize"),
+            subsysnqn=subsysnqn, hostnqn=read_attr(f"{d}/hostnqn"),
+            hostid=read_attr(f"{d}/hostid"), cntlid=_read_int(f"{d}/cntlid"),
+            ctrl_loss_tmo=read_attr(f"{d}/ctrl_loss_tmo"),
+            reconnect_delay=read_attr(f"{d}/reconnect_delay"),
+            fast_io_fail_tmo=read_attr(f"{d}/fast_io_fail_tmo"), kato=read_attr(f"{d}/kato"),
+            queue_count=_read_int(f"{d}/queue_count"), sqsize=_read_int(f"{d}/sqsize"),
         )
 
-    def controllers(self) -> list[Controller]:
-        """Every controller that could be read completely (vanished ones are left out)."""
-        return [c for c in (self.controller(n) for n in self.controller_names()) if c]
+    def controllers(self, subsysnqn: str | None = None) -> list[Controller]:
+        """Every controller that could be read completely (vanished ones are left out);
+        with ``subsysnqn``, only that subsystem's (the others' ``subsysnqn`` is read, and
+        nothing else of them: a GPU host has a controller per pool, and every pool's
+        attach looks for its own)."""
+        names = self.controller_names()
+        if subsysnqn is not None:
+            root = f"{self.root}/class/nvme"
+            names = [n for n in names if read_attr(f"{root}/{n}/subsysnqn") == subsysnqn]
+        return [c for c in (self.controller(n) for n in names)
+                if c and (subsysnqn is None or c.subsysnqn == subsysnqn)]
 
     def controller_secret(self, name: str, attr: str) -> str | None:
         """A controller's DH-HMAC-CHAP secret (``dhchap_secret`` or ``dhchap_ctrl_secret``;
@@ -283,13 +301,15 @@ class Sysfs:
         return [s for s in (self.subsystem(n) for n in names) if s]
 
     # -- namespaces -----------------------------------------------------------
-    def namespace(self, name: str,
-                  block: dict[str, list[str]] | None = None) -> NamespaceHead | None:
+    def namespace(self, name: str, block: dict[str, list[str]] | None = None, *,
+                  seen: dict[str, str | None] | None = None) -> NamespaceHead | None:
         """The namespace block device ``name`` (``nvme2n1``) with its paths, or None.
 
         ``block``: the hidden path nodes of ``<sysfs>/block`` by head
         (:meth:`path_nodes`; listed here if not given: a caller looking at many heads
-        lists them once).
+        lists them once). ``seen``: attributes of subsystems and controllers already read
+        by this caller just now (by path; filled here): the heads of one subsystem share
+        its NQN and their paths' controllers.
         """
         if not _HEAD_RE.match(name):
             return None
@@ -303,8 +323,8 @@ class Sysfs:
         subsystem = parent if parent and _SUBSYS_RE.match(parent) else None
         subsysnqn = None
         if subsystem:
-            subsysnqn = read_attr(f"{root}/class/nvme-subsystem/{subsystem}/subsysnqn")
-            paths = self._paths_of(name, block)
+            subsysnqn = _shared(seen, f"{root}/class/nvme-subsystem/{subsystem}/subsysnqn")
+            paths = self._paths_of(name, block, seen)
         else:
             # No native multipath: the block device hangs off its controller directly.
             ctrl = parent if parent and _CTRL_RE.match(parent) else None
@@ -330,8 +350,8 @@ class Sysfs:
                 out.setdefault(f"nvme{pm.group(1)}n{pm.group(3)}", []).append(entry)
         return out
 
-    def _paths_of(self, head: str,
-                  block: dict[str, list[str]] | None = None) -> tuple[NamespacePath, ...]:
+    def _paths_of(self, head: str, block: dict[str, list[str]] | None = None,
+                  seen: dict[str, str | None] | None = None) -> tuple[NamespacePath, ...]:
         found = []
         root = str(self.root)
         for entry in (self.path_nodes() if block is None else block).get(head, ()):
@@ -344,7 +364,7 @@ class Sysfs:
                 continue  # the path went away while we looked
             found.append(NamespacePath(
                 name=entry, controller=ctrl,
-                controller_state=read_attr(f"{root}/class/nvme/{ctrl}/state"),
+                controller_state=_shared(seen, f"{root}/class/nvme/{ctrl}/state"),
                 ana_state=ana_state, ana_grpid=_read_int(f"{d}/ana_grpid"),
             ))
         return tuple(found)
@@ -379,8 +399,9 @@ class Sysfs:
                         heads.append(e)
                     elif pm := _PATH_RE.match(e):
                         paths.setdefault(f"nvme{pm.group(1)}n{pm.group(3)}", []).append(e)
+            seen: dict[str, str | None] = {f"{root}/{sub}/subsysnqn": subsysnqn}
             for name in heads:
-                head = self.namespace(name, paths)
+                head = self.namespace(name, paths, seen=seen)
                 if head is not None and head.nsid is not None and head.subsysnqn == subsysnqn:
                     out.setdefault(head.nsid, head)
         return out

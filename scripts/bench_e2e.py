@@ -39,6 +39,8 @@ NODE = "e2e"
 LISTEN = "127.0.0.1:9809"
 INTERVAL = 30.0
 RUN_INTERVALS = 3
+#: Rounds of (read floor, converged pass).
+ROUNDS = 3
 AGENT = [sys.executable, "-m", "agent"]
 #: The phases after the converged passes: the command as a process, ``kvagent run``.
 PHASES = ("apply", "run")
@@ -126,6 +128,99 @@ class CountingRunner:
         return self.inner(argv, **kwargs)
 
 
+class ReadTrace:
+    """Records the file-system reads of the code run inside it: files opened for reading
+    (``os.open`` and ``open``), directories listed, paths stat-ed and links read."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[str, str]] = []
+        self._dirs: dict[int, str] = {}
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def _patch(self, owner: Any, name: str, wrapper: Any) -> None:
+        self._undo.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, wrapper)
+
+    def __enter__(self) -> ReadTrace:
+        import builtins
+
+        real_open, real_builtin = os.open, builtins.open
+        real = {n: getattr(os, n) for n in ("stat", "lstat", "listdir", "scandir", "readlink")}
+
+        def os_open(path: Any, flags: int, *args: Any, dir_fd: int | None = None,
+                    **kwargs: Any) -> int:
+            full = os.fspath(path)
+            if dir_fd is not None:
+                full = f"{self._dirs.get(dir_fd, '?')}/{full}"
+            fd = real_open(path, flags, *args, dir_fd=dir_fd, **kwargs)
+            if flags & os.O_DIRECTORY:
+                self._dirs[fd] = full
+            elif flags & (os.O_WRONLY | os.O_RDWR) == 0:
+                self.ops.append(("read", full))
+            return fd
+
+        def builtin_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            if isinstance(file, (str, os.PathLike)) and not set(mode) & set("wax+"):
+                self.ops.append(("read", os.fspath(file)))
+            return real_builtin(file, mode, *args, **kwargs)
+
+        def named(op: str) -> Any:
+            def wrapper(path: Any = ".", *args: Any, **kwargs: Any) -> Any:
+                if isinstance(path, (str, os.PathLike)) and kwargs.get("dir_fd") is None:
+                    kind = op if op != "lstat" and kwargs.get("follow_symlinks", True) \
+                        else "lstat"
+                    self.ops.append(("listdir" if op == "scandir" else kind, os.fspath(path)))
+                return real[op](path, *args, **kwargs)
+            return wrapper
+
+        self._patch(os, "open", os_open)
+        self._patch(builtins, "open", builtin_open)
+        self._patch(io, "open", builtin_open)
+        for op in real:
+            self._patch(os, op, named(op))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for op, _ in self.ops:
+            out[op] = out.get(op, 0) + 1
+        return out
+
+
+def replay(ops: list[tuple[str, str]]) -> int:
+    """The read floor: each recorded read once, in a minimal loop (errors count as done:
+    a file that was missing for the pass is missing for the floor too)."""
+    n = 0
+    _open, _read, _close = os.open, os.read, os.close
+    for op, path in ops:
+        try:
+            if op == "read":
+                fd = _open(path, os.O_RDONLY)
+                n += len(_read(fd, 65536))
+                _close(fd)
+            elif op == "listdir":
+                n += len(os.listdir(path))
+            elif op == "stat":
+                n += os.stat(path).st_mode
+            elif op == "lstat":
+                n += os.lstat(path).st_mode
+            else:
+                n += len(os.readlink(path))
+        except OSError:
+            pass
+    return n
+
+
+def timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def cpu_now() -> float:
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -180,24 +275,35 @@ def run(pools: int, per: int, attach: int, out: Path, drive: str,
     attached = sum(1 for p in Path("/sys/block").iterdir()
                    if p.name.startswith("nvme") and "c" not in p.name[4:])
     row["gpu_block_devices"] = attached
-    walls, cpus, commands, phases = [], [], [], []
-    for _ in range(3):
+    # The read floor: every file the converged pass opens, lists, stats or follows, done
+    # once each by a minimal loop (traced from one converged pass).
+    with ReadTrace() as trace:
+        one_pass()
+    row["floor_ops"] = trace.counts()
+    replay(trace.ops)  # first-use costs
+    walls, cpus, commands, laps, floors = [], [], [], [], []
+    for _ in range(ROUNDS):
+        floors.append(timed(lambda: replay(trace.ops)))
         runner = CountingRunner()
         with PhaseTimer() as timer:
             wall, cpu, res = one_pass(runner)
-        phases.append(timer.seconds)
+        laps.append(timer.seconds)
         if not res.ok or res.changed or res.configfs_writes:
             raise SystemExit(f"converged pass changed something: {res.errors[:3]} "
                              f"{[a for a in res.actions][:5]}")
         walls.append(wall)
         cpus.append(cpu)
         commands.append(runner.calls)
+    row["floor_s"] = statistics.median(floors)
     row["converged"] = {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus),
-                        "walls": walls, "commands": [list(map(list, c)) for c in commands],
-                        "phases_s": {k: statistics.median(p.get(k, 0.0) for p in phases)
-                                     for k in phases[0]}}
-    print(f"converged: {walls} s, CPU {cpus}, commands {commands[-1][:5]}, phases "
-          f"{row['converged']['phases_s']}", flush=True)
+                        "walls": walls, "floors": floors,
+                        "floor_ratio": statistics.median(w / f for w, f in zip(
+                            walls, floors, strict=True)),
+                        "commands": [list(map(list, c)) for c in commands],
+                        "phases_s": {k: statistics.median(p.get(k, 0.0) for p in laps)
+                                     for k in laps[0]}}
+    print(f"converged: {walls} s, CPU {cpus}, floors {floors}, commands "
+          f"{commands[-1][:5]}, phases {row['converged']['phases_s']}", flush=True)
     prof = cProfile.Profile()
     prof.enable()
     one_pass()
@@ -315,6 +421,10 @@ def report(row: dict[str, Any]) -> str:
         f" CPU {v['cpu_s']:.2f} s, 0 configfs writes; converged/cold "
         f"{v['wall_s'] / c['wall_s']:.3f}; commands run: {len(cmds)}"
         + (f" ({', '.join(' '.join(x[:2]) for x in cmds[:6])})" if cmds else ""),
+        "  read floor (each file the converged pass reads, once, in a minimal loop: "
+        + ", ".join(f"{n} {op}" for op, n in sorted(row["floor_ops"].items()))
+        + f"): {row['floor_s']:.2f} s (runs {', '.join(f'{f:.2f}' for f in v['floors'])}); "
+        f"converged/floor {v['floor_ratio']:.2f} (median of the rounds' ratios)",
         "    of which " + ", ".join(f"{k} {s:.2f} s" for k, s in v["phases_s"].items()),
     ]
     a = row.get("apply_command")

@@ -659,6 +659,6 @@ class TargetPass:
 
 
 def _same_id(a: str, b: str) -> bool:
-    return canonical("device_uuid", a) == canonical("device_uuid", b)
+    return a == b or canonical("device_uuid", a) == canonical("device_uuid", b)
 
 

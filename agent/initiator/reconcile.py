@@ -121,12 +121,8 @@ def namespace_mounts(pool: InitiatorPool, count: int) -> list[str]:
 
 
 def _union(*lists: list) -> list:
-    out: list = []
-    for items in lists:
-        for item in items:
-            if item not in out:
-                out.append(item)
-    return out
+    """The items of ``lists`` in order, each once (they are hashable records and paths)."""
+    return list(dict.fromkeys(item for items in lists for item in items))
 
 
 def merge_record(old: PoolAttachment | None, new: PoolAttachment) -> PoolAttachment:
@@ -429,8 +425,8 @@ class InitiatorPass:
     def _wait_live(self, nqn: str, controllers: list[Controller], wait: float) -> Controller:
         deadline = self.seams.clock() + wait
         names = list(dict.fromkeys(c.name for c in controllers))
+        current = controllers  # read from sysfs by the connect step just now
         while True:
-            current = [c for n in names if (c := self.sysfs.controller(n)) is not None]
             live = [c for c in current if c.state == "live"]
             if live:
                 return live[0]
@@ -442,6 +438,7 @@ class InitiatorPass:
                     "the storage host is unreachable or its port is down; the kernel keeps "
                     "reconnecting (I/O waits meanwhile); apply again once it is back")
             self.seams.sleep(0.2)
+            current = [c for n in names if (c := self.sysfs.controller(n)) is not None]
 
     def _filesystems(self, pool: InitiatorPool, hostnqn: str,
                      devices: list[NamespaceDevice], record: PoolAttachment) -> list[str]:

@@ -235,6 +235,9 @@ class Sysfs:
 
     def __init__(self, root: Path | str = "/sys"):
         self.root = Path(root)
+        #: controller name -> the subsystem NQN it showed when last looked at: which
+        #: controllers :meth:`controllers` reads for a subsystem (each is then read live).
+        self._owners: dict[str, str | None] = {}
 
     # -- controllers ----------------------------------------------------------
     def controller_names(self) -> list[str]:
@@ -260,17 +263,34 @@ class Sysfs:
             queue_count=_read_int(f"{d}/queue_count"), sqsize=_read_int(f"{d}/sqsize"),
         )
 
-    def controllers(self, subsysnqn: str | None = None) -> list[Controller]:
-        """Every controller that could be read completely (vanished ones are left out);
-        with ``subsysnqn``, only that subsystem's (the others' ``subsysnqn`` is read, and
-        nothing else of them: a GPU host has a controller per pool, and every pool's
-        attach looks for its own)."""
+    def controllers(self, subsysnqn: str | None = None, *,
+                    fresh: bool = False) -> list[Controller]:
+        """Every controller that could be read completely (vanished ones are left out).
+
+        With ``subsysnqn``, only that subsystem's: the controllers that showed it when this
+        reader last looked at them (their ``subsysnqn`` is read the first time this reader
+        meets them, or again with ``fresh``) are read in full, and kept when they still
+        show it. A GPU host has a controller per pool and every pool's attach looks for
+        its own: one file of every other controller per pass, not all of them per pool.
+        A caller that finds none of its own looks again with ``fresh`` (a name may have
+        been reused by a new controller since).
+        """
         names = self.controller_names()
         if subsysnqn is not None:
             root = f"{self.root}/class/nvme"
-            names = [n for n in names if read_attr(f"{root}/{n}/subsysnqn") == subsysnqn]
-        return [c for c in (self.controller(n) for n in names)
-                if c and (subsysnqn is None or c.subsysnqn == subsysnqn)]
+            owners = self._owners
+            for n in names:
+                if fresh or n not in owners:
+                    owners[n] = read_attr(f"{root}/{n}/subsysnqn")
+            names = [n for n in names if owners[n] == subsysnqn]
+        found = []
+        for n in names:
+            c = self.controller(n)
+            if c is not None:
+                self._owners[n] = c.subsysnqn
+                if subsysnqn is None or c.subsysnqn == subsysnqn:
+                    found.append(c)
+        return found
 
     def controller_secret(self, name: str, attr: str) -> str | None:
         """A controller's DH-HMAC-CHAP secret (``dhchap_secret`` or ``dhchap_ctrl_secret``;
@@ -302,14 +322,16 @@ class Sysfs:
 
     # -- namespaces -----------------------------------------------------------
     def namespace(self, name: str, block: dict[str, list[str]] | None = None, *,
-                  seen: dict[str, str | None] | None = None) -> NamespaceHead | None:
+                  seen: dict[str, str | None] | None = None,
+                  brief: bool = False) -> NamespaceHead | None:
         """The namespace block device ``name`` (``nvme2n1``) with its paths, or None.
 
         ``block``: the hidden path nodes of ``<sysfs>/block`` by head
         (:meth:`path_nodes`; listed here if not given: a caller looking at many heads
         lists them once). ``seen``: attributes of subsystems and controllers already read
         by this caller just now (by path; filled here): the heads of one subsystem share
-        its NQN and their paths' controllers.
+        its NQN and their paths' controllers. ``brief``: leave out (None) what neither
+        the attach nor health uses: ``nguid``, ``wwid`` and the paths' ``ana_grpid``.
         """
         if not _HEAD_RE.match(name):
             return None
@@ -324,7 +346,7 @@ class Sysfs:
         subsysnqn = None
         if subsystem:
             subsysnqn = _shared(seen, f"{root}/class/nvme-subsystem/{subsystem}/subsysnqn")
-            paths = self._paths_of(name, block, seen)
+            paths = self._paths_of(name, block, seen, brief)
         else:
             # No native multipath: the block device hangs off its controller directly.
             ctrl = parent if parent and _CTRL_RE.match(parent) else None
@@ -332,10 +354,11 @@ class Sysfs:
                 subsysnqn = read_attr(f"{root}/class/nvme/{ctrl}/subsysnqn")
             paths = (NamespacePath(name=name, controller=ctrl, controller_state=(
                 read_attr(f"{root}/class/nvme/{ctrl}/state") if ctrl else None),
-                ana_state=read_attr(f"{d}/ana_state"), ana_grpid=_read_int(f"{d}/ana_grpid")),)
+                ana_state=read_attr(f"{d}/ana_state"),
+                ana_grpid=None if brief else _read_int(f"{d}/ana_grpid")),)
         return NamespaceHead(
-            name=name, nsid=nsid, uuid=uuid, nguid=read_attr(f"{d}/nguid"),
-            wwid=read_attr(f"{d}/wwid"), size_sectors=_read_int(f"{d}/size"),
+            name=name, nsid=nsid, uuid=uuid, nguid=None if brief else read_attr(f"{d}/nguid"),
+            wwid=None if brief else read_attr(f"{d}/wwid"), size_sectors=_read_int(f"{d}/size"),
             logical_block_size=_read_int(f"{d}/queue/logical_block_size"),
             subsystem=subsystem, subsysnqn=subsysnqn, paths=paths,
         )
@@ -351,7 +374,8 @@ class Sysfs:
         return out
 
     def _paths_of(self, head: str, block: dict[str, list[str]] | None = None,
-                  seen: dict[str, str | None] | None = None) -> tuple[NamespacePath, ...]:
+                  seen: dict[str, str | None] | None = None,
+                  brief: bool = False) -> tuple[NamespacePath, ...]:
         found = []
         root = str(self.root)
         for entry in (self.path_nodes() if block is None else block).get(head, ()):
@@ -365,7 +389,7 @@ class Sysfs:
             found.append(NamespacePath(
                 name=entry, controller=ctrl,
                 controller_state=_shared(seen, f"{root}/class/nvme/{ctrl}/state"),
-                ana_state=ana_state, ana_grpid=_read_int(f"{d}/ana_grpid"),
+                ana_state=ana_state, ana_grpid=None if brief else _read_int(f"{d}/ana_grpid"),
             ))
         return tuple(found)
 
@@ -383,6 +407,8 @@ class Sysfs:
         Looks only at that subsystem: its ``nvme-subsys`` directory (multipath heads) and
         its controllers' directories (the heads' hidden path nodes, and heads without
         native multipath). No walk of every block device, no listing of ``<sysfs>/block``.
+        What the attach and health use of each is read (``brief``: :meth:`namespace`
+        reads the rest).
         """
         out: dict[int, NamespaceHead] = {}
         root = f"{self.root}/class/nvme-subsystem"
@@ -401,7 +427,7 @@ class Sysfs:
                         paths.setdefault(f"nvme{pm.group(1)}n{pm.group(3)}", []).append(e)
             seen: dict[str, str | None] = {f"{root}/{sub}/subsysnqn": subsysnqn}
             for name in heads:
-                head = self.namespace(name, paths, seen=seen)
+                head = self.namespace(name, paths, seen=seen, brief=True)
                 if head is not None and head.nsid is not None and head.subsysnqn == subsysnqn:
                     out.setdefault(head.nsid, head)
         return out

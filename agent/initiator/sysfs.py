@@ -322,8 +322,8 @@ class Sysfs:
 
     # -- namespaces -----------------------------------------------------------
     def namespace(self, name: str, block: dict[str, list[str]] | None = None, *,
-                  seen: dict[str, str | None] | None = None,
-                  brief: bool = False) -> NamespaceHead | None:
+                  seen: dict[str, str | None] | None = None, brief: bool = False,
+                  parent: str | None = None) -> NamespaceHead | None:
         """The namespace block device ``name`` (``nvme2n1``) with its paths, or None.
 
         ``block``: the hidden path nodes of ``<sysfs>/block`` by head
@@ -331,7 +331,10 @@ class Sysfs:
         lists them once). ``seen``: attributes of subsystems and controllers already read
         by this caller just now (by path; filled here): the heads of one subsystem share
         its NQN and their paths' controllers. ``brief``: leave out (None) what neither
-        the attach nor health uses: ``nguid``, ``wwid`` and the paths' ``ana_grpid``.
+        the attach nor health uses: ``nguid``, ``wwid`` and the paths' ``ana_grpid``; a
+        path's controller comes from its name (``nvme<S>c<C>n<N>``: ``nvme<C>``, as the
+        kernel names it). ``parent``: the subsystem or controller directory the caller
+        found the head in (its ``device`` link is not read then).
         """
         if not _HEAD_RE.match(name):
             return None
@@ -341,7 +344,8 @@ class Sysfs:
         nsid = _read_int(f"{d}/nsid")
         if uuid is None and nsid is None:
             return None  # gone (or not a namespace)
-        parent = _link_name(f"{d}/device")
+        if parent is None:
+            parent = _link_name(f"{d}/device")
         subsystem = parent if parent and _SUBSYS_RE.match(parent) else None
         subsysnqn = None
         if subsystem:
@@ -382,7 +386,7 @@ class Sysfs:
             pm = _PATH_RE.match(entry)
             assert pm
             d = f"{root}/block/{entry}"
-            ctrl = _link_name(f"{d}/device") or f"nvme{pm.group(2)}"
+            ctrl = (None if brief else _link_name(f"{d}/device")) or f"nvme{pm.group(2)}"
             ana_state = read_attr(f"{d}/ana_state")
             if ana_state is None and not os.path.exists(d):
                 continue  # the path went away while we looked
@@ -416,18 +420,19 @@ class Sysfs:
             if not _SUBSYS_RE.match(sub) or read_attr(f"{root}/{sub}/subsysnqn") != subsysnqn:
                 continue
             entries = _listdir(f"{root}/{sub}")
-            heads = [e for e in entries if _HEAD_RE.match(e)]
-            # A hidden path node nvme<S>c<C>n<N> is a child of its controller nvme<C>.
+            # Multipath heads are children of the subsystem; heads without native
+            # multipath, and the hidden path nodes nvme<S>c<C>n<N>, of their controller.
+            heads = [(e, sub) for e in entries if _HEAD_RE.match(e)]
             paths: dict[str, list[str]] = {}
             for ctrl in (e for e in entries if _CTRL_RE.match(e)):
                 for e in _listdir(f"{self.root}/class/nvme/{ctrl}"):
                     if _HEAD_RE.match(e):
-                        heads.append(e)
+                        heads.append((e, ctrl))
                     elif pm := _PATH_RE.match(e):
                         paths.setdefault(f"nvme{pm.group(1)}n{pm.group(3)}", []).append(e)
             seen: dict[str, str | None] = {f"{root}/{sub}/subsysnqn": subsysnqn}
-            for name in heads:
-                head = self.namespace(name, paths, seen=seen, brief=True)
+            for name, parent in heads:
+                head = self.namespace(name, paths, seen=seen, brief=True, parent=parent)
                 if head is not None and head.nsid is not None and head.subsysnqn == subsysnqn:
                     out.setdefault(head.nsid, head)
         return out

@@ -238,6 +238,9 @@ class Sysfs:
         #: controller name -> the subsystem NQN it showed when last looked at: which
         #: controllers :meth:`controllers` reads for a subsystem (each is then read live).
         self._owners: dict[str, str | None] = {}
+        #: the same for subsystems (``nvme-subsys<S>`` -> NQN), for
+        #: :meth:`subsystem_namespaces`
+        self._subsystem_owners: dict[str, str | None] = {}
 
     # -- controllers ----------------------------------------------------------
     def controller_names(self) -> list[str]:
@@ -331,7 +334,8 @@ class Sysfs:
         lists them once). ``seen``: attributes of subsystems and controllers already read
         by this caller just now (by path; filled here): the heads of one subsystem share
         its NQN and their paths' controllers. ``brief``: leave out (None) what neither
-        the attach nor health uses: ``nguid``, ``wwid`` and the paths' ``ana_grpid``; a
+        the attach nor health uses: ``nguid``, ``wwid``, the logical block size (the
+        probes read it from the mounted filesystem) and the paths' ``ana_grpid``; a
         path's controller comes from its name (``nvme<S>c<C>n<N>``: ``nvme<C>``, as the
         kernel names it). ``parent``: the subsystem or controller directory the caller
         found the head in (its ``device`` link is not read then).
@@ -363,7 +367,7 @@ class Sysfs:
         return NamespaceHead(
             name=name, nsid=nsid, uuid=uuid, nguid=None if brief else read_attr(f"{d}/nguid"),
             wwid=None if brief else read_attr(f"{d}/wwid"), size_sectors=_read_int(f"{d}/size"),
-            logical_block_size=_read_int(f"{d}/queue/logical_block_size"),
+            logical_block_size=None if brief else _read_int(f"{d}/queue/logical_block_size"),
             subsystem=subsystem, subsysnqn=subsysnqn, paths=paths,
         )
 
@@ -412,13 +416,37 @@ class Sysfs:
         its controllers' directories (the heads' hidden path nodes, and heads without
         native multipath). No walk of every block device, no listing of ``<sysfs>/block``.
         What the attach and health use of each is read (``brief``: :meth:`namespace`
-        reads the rest).
+        reads the rest). The subsystem is found among those that showed its NQN when this
+        reader last looked (read again now); when none does, every subsystem's NQN is read
+        again (a GPU host has one per pool: one file of each per pass, not per pool).
         """
+        root = f"{self.root}/class/nvme-subsystem"
+        names = [n for n in _listdir(root) if _SUBSYS_RE.match(n)]
+        owners = self._subsystem_owners
+        for n in names:
+            if n not in owners:
+                owners[n] = read_attr(f"{root}/{n}/subsysnqn")
+        out = self._subsystem_heads(subsysnqn, [n for n in names if owners[n] == subsysnqn])
+        if out is None:  # none of them shows it now: every subsystem is looked at again
+            for n in names:
+                owners[n] = read_attr(f"{root}/{n}/subsysnqn")
+            out = self._subsystem_heads(subsysnqn,
+                                        [n for n in names if owners[n] == subsysnqn])
+        return out or {}
+
+    def _subsystem_heads(self, subsysnqn: str,
+                         names: list[str]) -> dict[int, NamespaceHead] | None:
+        """The namespaces of the subsystems ``names`` that show ``subsysnqn`` (read now);
+        None when none of them does."""
         out: dict[int, NamespaceHead] = {}
         root = f"{self.root}/class/nvme-subsystem"
-        for sub in _listdir(root):
-            if not _SUBSYS_RE.match(sub) or read_attr(f"{root}/{sub}/subsysnqn") != subsysnqn:
+        shown = False
+        for sub in names:
+            nqn = read_attr(f"{root}/{sub}/subsysnqn")
+            self._subsystem_owners[sub] = nqn
+            if nqn != subsysnqn:
                 continue
+            shown = True
             entries = _listdir(f"{root}/{sub}")
             # Multipath heads are children of the subsystem; heads without native
             # multipath, and the hidden path nodes nvme<S>c<C>n<N>, of their controller.
@@ -435,7 +463,7 @@ class Sysfs:
                 head = self.namespace(name, paths, seen=seen, brief=True, parent=parent)
                 if head is not None and head.nsid is not None and head.subsysnqn == subsysnqn:
                     out.setdefault(head.nsid, head)
-        return out
+        return out if shown else None
 
     def namespace_by_nsid(self, subsysnqn: str, nsid: int) -> NamespaceHead | None:
         """The namespace ``nsid`` of subsystem ``subsysnqn`` on this host, or None."""

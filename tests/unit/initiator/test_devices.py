@@ -157,3 +157,34 @@ def test_udev_waiter_falls_back_to_sleeping(monkeypatch: pytest.MonkeyPatch) -> 
         w.wait(10)
         w.wait(0.2)
     assert slept == [0.5, 0.2]
+
+
+def test_a_subsystem_is_found_by_its_nqn_once_per_reader_and_a_reused_name_is_seen(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One reader (one pass) reads each other subsystem's NQN once, what it returns is
+    read live, and a subsystem directory whose name now belongs to another NQN (the
+    kernel reuses instance numbers) is not taken: every subsystem is looked at again."""
+    from agent.initiator import sysfs as sysfs_mod
+
+    fake = setup(tmp_path)
+    fake.add_namespace(3, 1, U1, paths=((3, "optimized"),))
+    other = NQN + "-other"
+    fake.add_controller(6, subsysnqn=other, hostnqn="h")
+    fake.add_subsystem(6, other, (6,))
+    fake.add_namespace(6, 1, U2, paths=((6, "optimized"),))
+    reads: list[str] = []
+    real = sysfs_mod.read_attr
+    monkeypatch.setattr(sysfs_mod, "read_attr", lambda p: reads.append(str(p)) or real(p))
+    s = Sysfs(tmp_path)
+    for _ in range(3):
+        assert s.subsystem_namespaces(NQN)[1].uuid == U1
+    # nvme-subsys3's NQN: the first look, then live each time it was returned; the other
+    # subsystem's: only the first look (not once per call)
+    assert sum(p.endswith("nvme-subsys3/subsysnqn") for p in reads) == 1 + 3
+    assert sum(p.endswith("nvme-subsys6/subsysnqn") for p in reads) == 1
+    assert s.subsystem_namespaces(other)[1].uuid == U2
+    # nvme-subsys3 now holds the other NQN's namespaces and nvme-subsys6 is gone
+    fake.set("class/nvme-subsystem/nvme-subsys3/subsysnqn", other)
+    (tmp_path / "class/nvme-subsystem/nvme-subsys6").unlink()
+    assert s.subsystem_namespaces(NQN) == {}
+    assert s.subsystem_namespaces(other)[1].name == "nvme3n1"

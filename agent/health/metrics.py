@@ -1,8 +1,10 @@
 """Prometheus metrics built from a :class:`~agent.health.snapshot.Snapshot`.
 
 A custom collector over a dedicated ``CollectorRegistry`` (never the global
-one) turns the snapshot the loop stored into metric families at scrape time;
-it reads nothing else and runs no command.
+one) turns the snapshot the loop stored into metric families; it reads nothing
+else and runs no command. The HTTP endpoint serves the same exposition built once
+per pool, controller and drive (:mod:`agent.health.exposition`); the textfile and
+the tests format it here.
 
 Naming (Prometheus conventions): every name starts with ``kvagent_``; values
 are in base units (bytes, seconds, degrees Celsius, ratios 0-1); ``_total``

@@ -231,7 +231,8 @@ def medians(runs: list[dict[str, float | int]]) -> dict[str, float]:
 
 
 #: cProfile rows that are file-system calls (the kernel's share, plus the call itself).
-SYSCALLS = ("posix.open", "posix.read", "posix.close", "posix.scandir", "posix.lstat",
+SYSCALLS = ("posix.open", "posix.read", "posix.close", "posix.closerange", "posix.scandir",
+            "posix.lstat",
             "posix.stat", "posix.listdir", "posix.readlink", "'stat' of 'posix.DirEntry'",
             "'is_symlink' of 'posix.DirEntry'", "'is_dir' of 'posix.DirEntry'",
             "'__exit__' of 'posix.ScandirIterator'", "'__next__' of 'posix.ScandirIterator'")

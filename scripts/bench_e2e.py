@@ -7,13 +7,19 @@ attaching A of them as raw block devices (``shared: true``: connect and find the
 namespaces; no filesystem, no engines). It measures, in one VM boot:
 
   cold        kvagent's pass (``run_pass``: storage + GPU side) from nothing
-  converged   the same pass again (median of 3): 0 configfs writes and no change,
-              asserted; wall and CPU time, and every command it ran (none expected)
+  floor       every file the converged pass reads, lists, stats or follows (traced
+              from one converged pass), done once each by a minimal loop
+  converged   the same pass again, 3 rounds of (floor, converged pass): 0 configfs
+              writes and no change, asserted; wall and CPU time, time per part
+              (storage side, GPU side, hand-off, records), every command it ran (none
+              expected), and a cProfile of one more pass
   apply cmd   ``python -m agent apply`` as a process, converged, against the
               interpreter start with kvagent's imports (``python -m agent --version``)
   run         ``kvagent run`` (interval 30 s): CPU over three full intervals after the
-              first pass, RSS, 200 ``/metrics`` scrapes (p50/p99), and ``kvagent status``
-              (in this process, and as a process against the interpreter start)
+              first pass, RSS, 200 ``/metrics`` scrapes (p50/p99) in alternation with
+              ``/healthz`` (the same server with a tiny body: the baseline), and
+              ``kvagent status`` (in this process, with a cProfile, and as a process
+              against the interpreter start)
 
 The VM runs under software emulation (TCG): only ratios carry over.
 """

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.initiator import sysfs as sysfs_mod
 from agent.initiator.connect import (
     Target,
     connect,
@@ -27,7 +28,6 @@ from agent.initiator.nvmecli import (
     TransientConnectError,
     parse_discover,
 )
-from agent.initiator import sysfs as sysfs_mod
 from agent.initiator.sysfs import Address, Sysfs
 from agent.system.run import CommandResult
 from tests.unit.fakerunner import FakeRunner

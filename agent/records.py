@@ -26,7 +26,7 @@ file from a newer kvagent is refused rather than guessed at.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -219,6 +219,13 @@ class TargetRecords:
                        for p, c in sorted(self.claims.items())},
             "bindings": [b.to_json() for _, b in sorted(self.bindings.items())],
         }
+
+    def snapshot(self) -> TargetRecords:
+        """A copy to compare with later (``records != snapshot``: there is something to
+        save). Its containers are copied; what they hold is immutable."""
+        return replace(self, ports=set(self.ports), hosts=set(self.hosts),
+                       pools=dict(self.pools), claims=dict(self.claims),
+                       bindings=dict(self.bindings))
 
     def save(self, state_dir: Path | str) -> None:
         """Write schema 2 atomically; a schema-1 claims file goes once its content is in."""

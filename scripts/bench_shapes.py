@@ -49,9 +49,13 @@ NS_FILES = ("device_path", "device_uuid", "device_nguid", "enable")
 ADDR = {"trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": "4420"}
 #: Goals of issue 16 (ratios, same run).
 GOALS = {"converged/cold": 0.3, "converged/rebuild": 1 / 20, "converged/floor": 1.5}
-#: Rounds of (read floor, converged pass), and of (floor, converged pass with the full read).
-ROUNDS = 5
+#: Rounds of (cold apply or clear-and-rebuild, then PAIRS of (read floor, converged pass)),
+#: and pairs of (floor, converged pass with the full read).
+ROUNDS = 4
+PAIRS = 2
 FULL_ROUNDS = 2
+#: Files the batched-close floor keeps open at once (its fds are closed with close_range).
+CLOSE_BATCH = 64
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -136,6 +140,33 @@ def read_floor_dirfd(files: list[str], link_dirs: list[str]) -> int:
     return n
 
 
+def read_floor_batched(files: list[str], link_dirs: list[str]) -> int:
+    """The floor with the closes batched: open and read up to :data:`CLOSE_BATCH` files,
+    then one ``close_range`` per run of consecutive fds (``os.closerange``)."""
+    n = 0
+    for i in range(0, len(files), CLOSE_BATCH):
+        fds = []
+        for path in files[i:i + CLOSE_BATCH]:
+            fd = os.open(path, os.O_RDONLY)
+            fds.append(fd)
+            n += len(os.read(fd, 4096))
+        close_fds(fds)
+    for d in link_dirs:
+        n += len(os.listdir(d))
+    return n
+
+
+def close_fds(fds: list[int]) -> None:
+    """Close ``fds`` (ascending), one ``close_range`` per run of consecutive numbers."""
+    start = prev = fds[0]
+    for fd in fds[1:]:
+        if fd != prev + 1:
+            os.closerange(start, prev + 1)
+            start = fd
+        prev = fd
+    os.closerange(start, prev + 1)
+
+
 def read_floor_threads(files: list[str], link_dirs: list[str], workers: int) -> int:
     """The floor split over ``workers`` threads (does parallel reading pay here?)."""
     chunks = [files[i::workers] for i in range(workers)]
@@ -200,7 +231,8 @@ def medians(runs: list[dict[str, float | int]]) -> dict[str, float]:
 
 
 #: cProfile rows that are file-system calls (the kernel's share, plus the call itself).
-SYSCALLS = ("posix.open", "posix.read", "posix.close", "posix.scandir", "posix.lstat",
+SYSCALLS = ("posix.open", "posix.read", "posix.close", "posix.closerange", "posix.scandir",
+            "posix.lstat",
             "posix.stat", "posix.listdir", "posix.readlink", "'stat' of 'posix.DirEntry'",
             "'is_symlink' of 'posix.DirEntry'", "'is_dir' of 'posix.DirEntry'",
             "'__exit__' of 'posix.ScandirIterator'", "'__next__' of 'posix.ScandirIterator'")
@@ -249,10 +281,13 @@ def bench_shape(fs: nvmet.RealConfigFS, subs: int, per: int, out: Path, *,
                 teardown: bool = True) -> dict[str, Any]:
     """Every figure for one shape; leaves nvmet empty (with ``teardown``).
 
-    The VM's speed changes with the host's load, so the converged pass and the floor are
-    measured in alternation (a round is one of each): the converged figure is the median
-    of the rounds, converged/floor the median of the rounds' ratios. Cold apply is the
-    mean of two applies from empty; clear-and-rebuild is one run.
+    The VM's speed changes with the host's load, so every ratio comes from figures taken
+    close together, and the result is the median over rounds. A round is: a cold apply
+    (from an empty tree; after the first round, the create phase of a clear-and-rebuild
+    of the same config), one converged pass recorded apart (the kernel may still be busy
+    with what the apply set off), then :data:`PAIRS` pairs of (read floor, converged
+    pass). Per round: converged/cold and converged/rebuild use the round's median
+    converged pass; converged/floor is the median of every pair's ratio.
     """
     scope = nvmet.Scope.owned(subsystem_prefix=PREFIX, port_ids=[PORT_ID], hosts=[HOSTNQN])
     cold_want, want = desired(subs, per, created=True), desired(subs, per, created=False)
@@ -260,60 +295,79 @@ def bench_shape(fs: nvmet.RealConfigFS, subs: int, per: int, out: Path, *,
     shape = f"{subs}x{per}"
     row: dict[str, Any] = {"shape": shape, "subsystems": subs, "namespaces": subs * per,
                            "read_mode": mode}
-    row["cold"] = one_pass(fs, cold_want, scope, mode)
     files, link_dirs = floor_plan(want)
     row["floor_files"], row["floor_link_dirs"] = len(files), len(link_dirs)
-    converged(fs, want, scope, mode)  # warm-up (first-use costs)
-    read_floor(files, link_dirs)
-    rounds = []
-    for _ in range(ROUNDS):
-        floor = timed(lambda: read_floor(files, link_dirs))
-        rounds.append({"floor_s": floor, **converged(fs, want, scope, mode)})
+    rounds: list[dict[str, Any]] = []
+    for i in range(ROUNDS):
+        rnd: dict[str, Any] = {}
+        t0, w0 = time.perf_counter(), fs.writes
+        # after the first round: the clear-and-rebuild restore of the same config
+        # (nvmetcli restore style)
+        if i and not clear(fs).ok:
+            raise SystemExit("the clear-and-rebuild baseline failed to clear")
+        rnd["cold"] = one_pass(fs, cold_want, scope, mode)
+        if i:
+            rnd["rebuild_s"] = time.perf_counter() - t0
+            rnd["rebuild_writes"] = fs.writes - w0
+        rnd["first_converged"] = converged(fs, want, scope, mode)
+        if i == 0:
+            read_floor(files, link_dirs)  # first-use costs of the floor's loop
+        rnd["pairs"] = []
+        for _ in range(PAIRS):
+            floor = timed(lambda: read_floor(files, link_dirs))
+            rnd["pairs"].append({"floor_s": floor, **converged(fs, want, scope, mode)})
+        rnd["converged_s"] = statistics.median(p["total_s"] for p in rnd["pairs"])
+        rounds.append(rnd)
+        print(f"  {shape} round {i + 1}: cold {rnd['cold']['total_s']:.2f}s"
+              + (f", rebuild {rnd['rebuild_s']:.2f}s" if i else "")
+              + f", converged {rnd['converged_s']:.3f}s, floor "
+              f"{statistics.median(p['floor_s'] for p in rnd['pairs']):.3f}s", flush=True)
     row["rounds"] = rounds
-    row["converged"] = medians([{k: v for k, v in r.items() if k != "floor_s"}
-                                for r in rounds])
-    row["floor_s"] = statistics.median(r["floor_s"] for r in rounds)
-    full = rounds if mode == "full" else []
+    pairs = [p for r in rounds for p in r["pairs"]]
+    row["converged"] = medians([{k: v for k, v in p.items() if k != "floor_s"} for p in pairs])
+    row["floor_s"] = statistics.median(p["floor_s"] for p in pairs)
+    row["cold"] = medians([r["cold"] for r in rounds])
+    row["cold_s"] = row["cold"]["total_s"]
+    row["cold_writes"] = rounds[0]["cold"]["writes"]
+    rebuilds = rounds[1:]
+    row["rebuild_s"] = statistics.median(r["rebuild_s"] for r in rebuilds)
+    row["rebuild_writes"] = rebuilds[0]["rebuild_writes"]
+    row["after_apply"] = [r["first_converged"]["total_s"] for r in rounds]
+    full = []
     for _ in range(FULL_ROUNDS if mode != "full" else 0):
         floor = timed(lambda: read_floor(files, link_dirs))
         full.append({"floor_s": floor, **converged(fs, want, scope, "full")})
+    full = full or pairs
     row["full_rounds"] = full
     row["converged_full_read"] = medians([{k: v for k, v in r.items() if k != "floor_s"}
                                           for r in full])
     variants = {}
     for name, fn in (("dir fd", lambda: read_floor_dirfd(files, link_dirs)),
+                     ("batched close", lambda: read_floor_batched(files, link_dirs)),
                      ("2 threads", lambda: read_floor_threads(files, link_dirs, 2))):
-        floor = timed(lambda: read_floor(files, link_dirs))
-        variants[name] = timed(fn) / floor
+        ratios = []
+        for _ in range(3):
+            floor = timed(lambda: read_floor(files, link_dirs))
+            ratios.append(timed(fn) / floor)
+        variants[name] = statistics.median(ratios)
     row["floor_variants"] = variants
     row["profile"] = {m: profile(lambda m=m: converged(fs, want, scope, m))
                       for m in sorted({mode, "full"})}
     for m, p in row["profile"].items():
         (out / f"profile-{shape}-{m}.txt").write_text(p.pop("top"))
-    # The clear-and-rebuild restore of the same config (nvmetcli restore style).
-    # Its create phase is a second cold apply (same code as the first).
-    w0 = fs.writes
-    t0 = time.perf_counter()
-    cleared = clear(fs)
-    if not cleared.ok:
-        raise SystemExit("the clear-and-rebuild baseline failed to clear")
-    row["cold_again"] = one_pass(fs, cold_want, scope, mode)
-    row["rebuild_s"] = time.perf_counter() - t0
-    row["rebuild_writes"] = fs.writes - w0
-    # The rebuild restored the same config: converged (0 writes) again. The first passes
-    # right after it are recorded apart: the kernel is still busy with what the rebuild
-    # set off, which is not the steady state the ratios are about.
-    row["after_rebuild"] = [converged(fs, want, scope, mode) for _ in range(2)]
-    conv = row["converged"]["total_s"]
-    row["cold_s"] = statistics.mean([row["cold"]["total_s"], row["cold_again"]["total_s"]])
+
+    def spread(values: list[float]) -> dict[str, float]:
+        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
     row["ratios"] = {
-        "converged/cold": conv / row["cold_s"],
-        "converged/rebuild": conv / row["rebuild_s"],
-        "converged/floor": statistics.median(r["total_s"] / r["floor_s"] for r in rounds),
-        "full-read converged/cold": row["converged_full_read"]["total_s"] / row["cold_s"],
-        "full-read converged/rebuild": row["converged_full_read"]["total_s"] / row["rebuild_s"],
-        "full-read converged/floor": statistics.median(r["total_s"] / r["floor_s"]
-                                                       for r in full),
+        "converged/cold": spread([r["converged_s"] / r["cold"]["total_s"] for r in rounds]),
+        "converged/rebuild": spread([r["converged_s"] / r["rebuild_s"] for r in rebuilds]),
+        "converged/floor": spread([p["total_s"] / p["floor_s"] for p in pairs]),
+        "full-read converged/cold": spread([row["converged_full_read"]["total_s"]
+                                            / row["cold_s"]]),
+        "full-read converged/rebuild": spread([row["converged_full_read"]["total_s"]
+                                               / row["rebuild_s"]]),
+        "full-read converged/floor": spread([r["total_s"] / r["floor_s"] for r in full]),
     }
     if teardown and not clear(fs).ok:
         raise SystemExit("teardown failed")
@@ -342,16 +396,18 @@ def run(shapes: list[tuple[int, int]], out: Path) -> tuple[list[dict[str, Any]],
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Both shapes side by side: seconds, then the ratios against the issue's goals."""
-    lines = ["converged pass at scale (nvmet library, null_blk, TCG VM: compare ratios)", "",
-             f"{'':38}" + "".join(f"{r['shape']:>16}" for r in rows)]
+    lines = ["converged pass at scale (nvmet library, null_blk, TCG VM: compare ratios)",
+             f"{ROUNDS} rounds (cold apply or clear-and-rebuild, then {PAIRS} pairs of floor "
+             "and converged pass); ratios: median over rounds [min-max]", "",
+             f"{'':38}" + "".join(f"{r['shape']:>22}" for r in rows)]
 
     def line(label: str, values: list[str]) -> None:
-        lines.append(f"{label:38}" + "".join(f"{v:>16}" for v in values))
+        lines.append(f"{label:38}" + "".join(f"{v:>22}" for v in values))
 
     line("namespaces", [str(r["namespaces"]) for r in rows])
-    line("cold apply s, mean of 2 (writes)",
-         [f"{r['cold_s']:.2f} ({r['cold']['writes']})" for r in rows])
-    line("clear-and-rebuild s (writes)",
+    line(f"cold apply s, median of {ROUNDS} (writes)",
+         [f"{r['cold_s']:.2f} ({r['cold_writes']})" for r in rows])
+    line(f"clear-and-rebuild s, median of {ROUNDS - 1} (writes)",
          [f"{r['rebuild_s']:.2f} ({r['rebuild_writes']})" for r in rows])
     line("read floor s (files+link dirs)",
          [f"{r['floor_s']:.3f} ({r['floor_files']}+{r['floor_link_dirs']})" for r in rows])
@@ -362,19 +418,21 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r[key]['features_s']:.2f}/{r[key]['read_s']:.2f}/{r[key]['plan_s']:.2f}"
             for r in rows])
         line("  CPU s", [f"{r[key]['cpu_s']:.3f}" for r in rows])
-    line("converged right after rebuild s", [
-        " / ".join(f"{p['total_s']:.2f}" for p in r["after_rebuild"]) for r in rows])
+    line("converged right after each apply s", [
+        "/".join(f"{s:.2f}" for s in r["after_apply"]) for r in rows])
     lines.append("")
+
+    def ratio(v: dict[str, float]) -> str:
+        return f"{v['median']:.3f} [{v['min']:.3f}-{v['max']:.3f}]"
+
     for key, goal in GOALS.items():
-        cells = []
-        for r in rows:
-            v = r["ratios"][key]
-            cells.append(f"{v:.3f} {'ok' if v <= goal else 'MISS'}")
-        line(f"{key} (goal <= {goal:.3g})", cells)
+        line(f"{key} (goal <= {goal:.3g})",
+             [f"{ratio(r['ratios'][key])} {'ok' if r['ratios'][key]['median'] <= goal else 'MISS'}"
+              for r in rows])
     for key in ("full-read converged/cold", "full-read converged/rebuild",
                 "full-read converged/floor"):
         if all(key in r["ratios"] for r in rows):
-            line(key, [f"{r['ratios'][key]:.3f}" for r in rows])
+            line(key, [f"{r['ratios'][key]['median']:.3f}" for r in rows])
     for name in rows[0]["floor_variants"]:
         line(f"floor with {name} / floor", [f"{r['floor_variants'][name]:.3f}" for r in rows])
     lines.append("")

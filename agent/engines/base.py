@@ -17,8 +17,8 @@ import yaml
 
 from ..config.model import EngineKind
 from ..errors import UsageError
-from ..system.probes import ProbeResult
 from ..system.gds import GdsReadiness
+from ..system.probes import ProbeResult
 
 Format = Literal["yaml", "json", "env", "args"]
 _SUFFIX_FORMAT: dict[str, Format] = {

@@ -23,6 +23,11 @@ from typing import Any
 
 from ..config.model import Config, EngineConfig, InitiatorPool
 from ..errors import KvagentError, UsageError
+from ..records import InitiatorRecords, engine_renders_dir, probes_path
+from ..result import ActionRecord, RunResult
+from ..state import read_json, write_json
+from ..system.gds import GdsReadiness, probe_gds
+from ..system.mounts import MOUNTINFO, mounted_at
 from ..system.probes import (
     DioAlign,
     FallocateResult,
@@ -31,11 +36,6 @@ from ..system.probes import (
     StepFailure,
     probe_mount,
 )
-from ..records import InitiatorRecords, engine_renders_dir, probes_path
-from ..result import ActionRecord, RunResult
-from ..state import read_json, write_json
-from ..system.gds import GdsReadiness, probe_gds
-from ..system.mounts import MOUNTINFO, mounted_at
 from ..system.xfsquota import QuotaOps, XfsQuota
 from . import EngineContext, Rendered, cleaner, quota
 from . import render as render_kind

@@ -20,8 +20,8 @@ from nvmet.errors import NvmetError
 
 from ..config.model import Config, InitiatorPool, TargetPool
 from ..errors import KvagentError
-from ..initiator.mounts import MOUNTINFO, mounted_at
-from ..initiator.sysfs import Sysfs
+from ..initiator.mounts import MOUNTINFO, MountEntry, read_mounts
+from ..initiator.sysfs import Controller, Sysfs
 from ..initiator.xfsmount import is_shut_down
 from ..log import get_logger
 from ..records import (
@@ -73,9 +73,12 @@ def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
         pools += _target_pools(cfg, fs)
     if cfg.initiator is not None:
         state = _safe_initiator_state(cfg)
+        # Read once per collect for every pool: the controllers, the mount table.
+        every = sysfs.controllers() if state else []
+        table = _mount_table(mountinfo) if state else {}
         for pool in cfg.initiator.pools:
             health, ctrls = _initiator_pool(cfg, pool, state.get(pool.name), sysfs, quota,
-                                            mountinfo, shut_down)
+                                            mountinfo, shut_down, every, table)
             pools.append(health)
             controllers += ctrls
     found_drives = ()
@@ -218,10 +221,22 @@ def _shut_down(mounts: list[str], shut_down: Callable[[str], bool]) -> list[str]
     return out
 
 
+def _mount_table(mountinfo: Path = MOUNTINFO) -> dict[str, MountEntry]:
+    """Mount points now (the last mount on a point wins, as :func:`mounted_at` says)."""
+    try:
+        return {e.mount_point: e for e in read_mounts(mountinfo)}
+    except OSError:
+        return {}
+
+
 def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | None,
                     sysfs: Sysfs, quota: QuotaOps, mountinfo: Path = MOUNTINFO,
                     shut_down: Callable[[str], bool] = is_shut_down,
+                    every: list[Controller] | None = None,
+                    table: dict[str, MountEntry] | None = None,
                     ) -> tuple[PoolHealth, list[ControllerHealth]]:
+    """``every``: the host's controllers, ``table``: its mount points (read here when not
+    given); the pool's namespaces are read from its own subsystems only."""
     if record is None:
         side = InitiatorSide(controllers_expected=len(pool.targets), controllers_live=0,
                              namespaces_expected=0, namespaces_found=0, mount_path=pool.mount)
@@ -230,10 +245,10 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
                           initiator=side), []
     hostnqn = record.hostnqn
     subs = {s.subsysnqn: s for s in record.subsystems}
-    heads = {ns.name: ns for ns in sysfs.namespaces()}
+    heads = {ns.name: ns for nqn in subs for ns in sysfs.subsystem_namespaces(nqn).values()}
     policies = {sub.nqn: sub.iopolicy for nqn in subs for sub in sysfs.subsystems_of(nqn)}
     ctrls: list[ControllerHealth] = []
-    for c in sysfs.controllers():
+    for c in sysfs.controllers() if every is None else every:
         if c.subsysnqn not in subs or c.hostnqn != hostnqn:
             continue
         paths = tuple(PathAna(p.name, p.ana_state or "unknown", h.nsid)
@@ -243,10 +258,12 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
                                       c.address.traddr or "", c.address.trsvcid or "",
                                       c.state, paths, policies.get(c.subsysnqn)))
     devices = record.devices
-    found = sum(1 for d in devices
-                if any((h.uuid or "").lower() == d.uuid.lower() for h in heads.values()))
+    uuids = {(h.uuid or "").lower() for h in heads.values()}
+    found = sum(1 for d in devices if d.uuid.lower() in uuids)
     mounts = record.mounts
-    entries = {m: mounted_at(m, mountinfo) for m in mounts}
+    if table is None:
+        table = _mount_table(mountinfo)
+    entries = {m: table.get(os.path.normpath(m)) for m in mounts}
     mounted = [m for m in mounts if entries[m] is not None]
     dead = _shut_down(mounted, shut_down)
     size = free = 0

@@ -1,8 +1,10 @@
 """Prometheus metrics built from a :class:`~agent.health.snapshot.Snapshot`.
 
 A custom collector over a dedicated ``CollectorRegistry`` (never the global
-one) turns the snapshot the loop stored into metric families at scrape time;
-it reads nothing else and runs no command.
+one) turns the snapshot the loop stored into metric families; it reads nothing
+else and runs no command. The HTTP endpoint serves the same exposition built once
+per pool, controller and drive (:mod:`agent.health.exposition`); the textfile and
+the tests format it here.
 
 Naming (Prometheus conventions): every name starts with ``kvagent_``; values
 are in base units (bytes, seconds, degrees Celsius, ratios 0-1); ``_total``
@@ -36,7 +38,10 @@ from .snapshot import (
     CONTROLLER_STATES,
     POOL_STATES,
     USAGE_SOURCES,
+    ControllerHealth,
+    DriveHealth,
     EngineUsage,
+    PoolHealth,
     Snapshot,
 )
 
@@ -124,9 +129,22 @@ def _engine_families(f: _Families, pool: str, e: EngineUsage) -> None:
 def snapshot_families(snapshot: Snapshot | None) -> list[Metric]:
     """All metric families for ``snapshot`` (build info only when there is none yet)."""
     f = _Families()
+    loop_families(f, snapshot)
+    if snapshot is not None:
+        for pool in snapshot.pools:
+            pool_families(f, pool)
+        for c in snapshot.controllers:
+            controller_families(f, c)
+        for d in snapshot.drives:
+            drive_families(f, d)
+    return list(f)
+
+
+def loop_families(f: _Families, snapshot: Snapshot | None) -> None:
+    """The agent's own series: build, node, loop tick, last apply, counters, config."""
     f.set("kvagent_build_info", "kvagent version (always 1).", {"version": __version__}, 1)
     if snapshot is None:
-        return list(f)
+        return
     s = snapshot
     f.set("kvagent_node_info", "This host's node name (always 1).", {"node": s.node}, 1)
     f.set("kvagent_loop_last_tick_timestamp_seconds",
@@ -164,106 +182,111 @@ def snapshot_families(snapshot: Snapshot | None) -> list[Metric]:
           "0 while the last config reload was refused and the old config is running, else 1.",
           {}, 0 if s.config_error is not None else 1)
 
-    for pool in s.pools:
-        pl = {"role": pool.role, "pool": pool.name}
-        mount = pool.initiator.mount_path if pool.initiator else None
-        f.set("kvagent_pool_info", "A configured pool (always 1).", {**pl, "mount": mount or ""}, 1)
-        f.set("kvagent_pool_ready", "1 if the pool is ready for use, else 0.", pl, int(pool.ready))
-        f.one_hot("kvagent_pool_state", "Pool state, one-hot: ok, degraded or failed.", pl,
-                  POOL_STATES, pool.state)
-        f.set("kvagent_pool_problems", "Number of problems the pool has.", pl, len(pool.problems))
-        for probe, value in sorted((pool.probe or {}).items()):
-            if isinstance(value, bool):
-                f.set("kvagent_pool_probe_success", "1 if the pool's last probe check passed.",
-                      {**pl, "probe": probe}, int(value))
-        if pool.target is not None:
-            t, tl = pool.target, {"pool": pool.name}
-            f.set("kvagent_target_subsystems_expected", "Subsystems the pool should export.",
-                  tl, t.subsystems_expected)
-            f.set("kvagent_target_subsystems", "Subsystems of the pool present in nvmet.",
-                  tl, t.subsystems_present)
-            f.set("kvagent_target_namespaces_expected", "Namespaces the pool should export.",
-                  tl, t.namespaces_expected)
-            f.set("kvagent_target_namespaces", "Namespaces of the pool present in nvmet.",
-                  tl, t.namespaces_present)
-            f.set("kvagent_target_namespaces_enabled", "Namespaces of the pool enabled in nvmet.",
-                  tl, t.namespaces_enabled)
-            f.set("kvagent_target_ports_expected", "Ports the pool should be linked into.",
-                  tl, t.ports_expected)
-            f.set("kvagent_target_ports_linked", "Ports the pool's subsystems are linked into.",
-                  tl, t.ports_linked)
-            f.set("kvagent_target_hosts_connected",
-                  "Hosts connected, from the target's view (absent where the kernel does not "
-                  "show it).", tl, t.hosts_connected)
-        if pool.initiator is not None:
-            i, il = pool.initiator, {"pool": pool.name}
-            f.set("kvagent_initiator_controllers_expected",
-                  "Controllers (target ports) the pool should be connected through.",
-                  il, i.controllers_expected)
-            f.set("kvagent_initiator_controllers_live", "The pool's controllers in state live.",
-                  il, i.controllers_live)
-            f.set("kvagent_initiator_namespaces_expected", "Namespaces the pool should have.",
-                  il, i.namespaces_expected)
-            f.set("kvagent_initiator_namespaces_found", "The pool's namespaces with a block "
-                  "device on this host.", il, i.namespaces_found)
-            f.set("kvagent_initiator_mounts_shut_down", "The pool's mounted filesystems that "
-                  "shut down after I/O errors (a storage outage): every call on them fails "
-                  "until kvagent mounts them again.", il, len(i.mounts_shut_down))
-            f.count("kvagent_initiator_fs_recoveries", "Shut-down filesystems of the pool "
-                    "kvagent unmounted and mounted again (log recovery), from its records.",
-                    il, i.recoveries)
-            f.set("kvagent_initiator_fs_last_recovery_timestamp_seconds", "When kvagent last "
-                  "mounted a shut-down filesystem of the pool again (absent: never).",
-                  il, i.last_recovery_at)
-            if i.mount_path:
-                ml = {"pool": pool.name, "mount": i.mount_path}
-                f.set("kvagent_mount_mounted", "1 if the pool's filesystem is mounted, else 0.",
-                      ml, int(i.mounted))
-                f.set("kvagent_mount_size_bytes", "Size of the pool's mounted filesystem.",
-                      ml, i.size_bytes if i.mounted else None)
-                f.set("kvagent_mount_free_bytes", "Free space on the pool's mounted filesystem.",
-                      ml, i.free_bytes if i.mounted else None)
-            for e in i.engines:
-                _engine_families(f, pool.name, e)
 
-    for c in s.controllers:
-        cl = {"controller": c.name, "pool": c.pool}
-        f.set("kvagent_controller_info", "A fabrics controller of a pool (always 1).",
-              {**cl, "subsysnqn": c.subsysnqn, "transport": c.transport, "traddr": c.traddr,
-               "trsvcid": c.trsvcid}, 1)
-        f.one_hot("kvagent_controller_state",
-                  "Kernel state of a fabrics controller, one-hot (live when healthy).",
-                  cl, CONTROLLER_STATES, c.state)
-        for p in c.paths:
-            f.one_hot("kvagent_path_ana_state",
-                      "ANA state of a namespace through a controller, one-hot.",
-                      {**cl, "path": p.path}, ANA_STATES, p.state)
+def pool_families(f: _Families, pool: PoolHealth) -> None:
+    """One pool's series."""
+    pl = {"role": pool.role, "pool": pool.name}
+    mount = pool.initiator.mount_path if pool.initiator else None
+    f.set("kvagent_pool_info", "A configured pool (always 1).", {**pl, "mount": mount or ""}, 1)
+    f.set("kvagent_pool_ready", "1 if the pool is ready for use, else 0.", pl, int(pool.ready))
+    f.one_hot("kvagent_pool_state", "Pool state, one-hot: ok, degraded or failed.", pl,
+              POOL_STATES, pool.state)
+    f.set("kvagent_pool_problems", "Number of problems the pool has.", pl, len(pool.problems))
+    for probe, value in sorted((pool.probe or {}).items()):
+        if isinstance(value, bool):
+            f.set("kvagent_pool_probe_success", "1 if the pool's last probe check passed.",
+                  {**pl, "probe": probe}, int(value))
+    if pool.target is not None:
+        t, tl = pool.target, {"pool": pool.name}
+        f.set("kvagent_target_subsystems_expected", "Subsystems the pool should export.",
+              tl, t.subsystems_expected)
+        f.set("kvagent_target_subsystems", "Subsystems of the pool present in nvmet.",
+              tl, t.subsystems_present)
+        f.set("kvagent_target_namespaces_expected", "Namespaces the pool should export.",
+              tl, t.namespaces_expected)
+        f.set("kvagent_target_namespaces", "Namespaces of the pool present in nvmet.",
+              tl, t.namespaces_present)
+        f.set("kvagent_target_namespaces_enabled", "Namespaces of the pool enabled in nvmet.",
+              tl, t.namespaces_enabled)
+        f.set("kvagent_target_ports_expected", "Ports the pool should be linked into.",
+              tl, t.ports_expected)
+        f.set("kvagent_target_ports_linked", "Ports the pool's subsystems are linked into.",
+              tl, t.ports_linked)
+        f.set("kvagent_target_hosts_connected",
+              "Hosts connected, from the target's view (absent where the kernel does not "
+              "show it).", tl, t.hosts_connected)
+    if pool.initiator is not None:
+        i, il = pool.initiator, {"pool": pool.name}
+        f.set("kvagent_initiator_controllers_expected",
+              "Controllers (target ports) the pool should be connected through.",
+              il, i.controllers_expected)
+        f.set("kvagent_initiator_controllers_live", "The pool's controllers in state live.",
+              il, i.controllers_live)
+        f.set("kvagent_initiator_namespaces_expected", "Namespaces the pool should have.",
+              il, i.namespaces_expected)
+        f.set("kvagent_initiator_namespaces_found", "The pool's namespaces with a block "
+              "device on this host.", il, i.namespaces_found)
+        f.set("kvagent_initiator_mounts_shut_down", "The pool's mounted filesystems that "
+              "shut down after I/O errors (a storage outage): every call on them fails "
+              "until kvagent mounts them again.", il, len(i.mounts_shut_down))
+        f.count("kvagent_initiator_fs_recoveries", "Shut-down filesystems of the pool "
+                "kvagent unmounted and mounted again (log recovery), from its records.",
+                il, i.recoveries)
+        f.set("kvagent_initiator_fs_last_recovery_timestamp_seconds", "When kvagent last "
+              "mounted a shut-down filesystem of the pool again (absent: never).",
+              il, i.last_recovery_at)
+        if i.mount_path:
+            ml = {"pool": pool.name, "mount": i.mount_path}
+            f.set("kvagent_mount_mounted", "1 if the pool's filesystem is mounted, else 0.",
+                  ml, int(i.mounted))
+            f.set("kvagent_mount_size_bytes", "Size of the pool's mounted filesystem.",
+                  ml, i.size_bytes if i.mounted else None)
+            f.set("kvagent_mount_free_bytes", "Free space on the pool's mounted filesystem.",
+                  ml, i.free_bytes if i.mounted else None)
+        for e in i.engines:
+            _engine_families(f, pool.name, e)
 
-    for d in s.drives:
-        dl = {"device": d.device}
-        f.set("kvagent_drive_info", "A local NVMe drive (always 1).",
-              {**dl, "model": d.model or "", "serial": d.serial or "",
-               "firmware": d.firmware or ""}, 1)
-        f.set("kvagent_drive_smart_log_readable", "1 if the drive's SMART log could be read.",
-              dl, int(d.error is None))
-        f.set("kvagent_drive_critical_warning", "SMART critical warning bitmap (0 = none).",
-              dl, d.critical_warning)
-        f.set("kvagent_drive_temperature_celsius", "Drive composite temperature.",
-              dl, d.temperature_celsius)
-        f.set("kvagent_drive_percentage_used_ratio",
-              "Share of the drive's rated endurance used (percent used / 100; may exceed 1).",
-              dl, None if d.percent_used is None else d.percent_used / 100)
-        f.set("kvagent_drive_available_spare_ratio", "Remaining spare capacity (0-1).",
-              dl, None if d.available_spare is None else d.available_spare / 100)
-        f.set("kvagent_drive_available_spare_threshold_ratio",
-              "Spare level below which the drive raises a critical warning (0-1).",
-              dl, None if d.available_spare_threshold is None
-              else d.available_spare_threshold / 100)
-        f.count("kvagent_drive_media_errors", "Unrecovered data integrity errors (SMART).",
-                dl, d.media_errors)
-        f.count("kvagent_drive_error_log_entries", "Error information log entries (SMART).",
-                dl, d.error_log_entries)
-    return list(f)
+
+def controller_families(f: _Families, c: ControllerHealth) -> None:
+    """One controller's series, with its paths'."""
+    cl = {"controller": c.name, "pool": c.pool}
+    f.set("kvagent_controller_info", "A fabrics controller of a pool (always 1).",
+          {**cl, "subsysnqn": c.subsysnqn, "transport": c.transport, "traddr": c.traddr,
+           "trsvcid": c.trsvcid}, 1)
+    f.one_hot("kvagent_controller_state",
+              "Kernel state of a fabrics controller, one-hot (live when healthy).",
+              cl, CONTROLLER_STATES, c.state)
+    for p in c.paths:
+        f.one_hot("kvagent_path_ana_state",
+                  "ANA state of a namespace through a controller, one-hot.",
+                  {**cl, "path": p.path}, ANA_STATES, p.state)
+
+
+def drive_families(f: _Families, d: DriveHealth) -> None:
+    """One local drive's series."""
+    dl = {"device": d.device}
+    f.set("kvagent_drive_info", "A local NVMe drive (always 1).",
+          {**dl, "model": d.model or "", "serial": d.serial or "",
+           "firmware": d.firmware or ""}, 1)
+    f.set("kvagent_drive_smart_log_readable", "1 if the drive's SMART log could be read.",
+          dl, int(d.error is None))
+    f.set("kvagent_drive_critical_warning", "SMART critical warning bitmap (0 = none).",
+          dl, d.critical_warning)
+    f.set("kvagent_drive_temperature_celsius", "Drive composite temperature.",
+          dl, d.temperature_celsius)
+    f.set("kvagent_drive_percentage_used_ratio",
+          "Share of the drive's rated endurance used (percent used / 100; may exceed 1).",
+          dl, None if d.percent_used is None else d.percent_used / 100)
+    f.set("kvagent_drive_available_spare_ratio", "Remaining spare capacity (0-1).",
+          dl, None if d.available_spare is None else d.available_spare / 100)
+    f.set("kvagent_drive_available_spare_threshold_ratio",
+          "Spare level below which the drive raises a critical warning (0-1).",
+          dl, None if d.available_spare_threshold is None
+          else d.available_spare_threshold / 100)
+    f.count("kvagent_drive_media_errors", "Unrecovered data integrity errors (SMART).",
+            dl, d.media_errors)
+    f.count("kvagent_drive_error_log_entries", "Error information log entries (SMART).",
+            dl, d.error_log_entries)
 
 
 class SnapshotCollector(Collector):

@@ -27,6 +27,7 @@ from prometheus_client.exposition import choose_encoder
 from ..config.types import ListenAddress
 from ..errors import KvagentError
 from ..log import get_logger
+from .exposition import MetricsBody
 from .metrics import build_registry
 from .snapshot import Snapshot
 
@@ -112,7 +113,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if path == "/metrics":
                 encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                self._send(200, encoder(health.registry), content_type, send_body)
+                body = (health.metrics.render(encoder) if health.metrics is not None
+                        else encoder(health.registry))
+                self._send(200, body, content_type, send_body)
             elif path == "/healthz":
                 status, text = health_check(health.store.get(), health.clock(),
                                             health.stale_after)
@@ -163,6 +166,9 @@ class HealthServer:
         self.stale_after = stale_after if stale_after is not None else STALE_INTERVALS * interval
         self.registry = registry if registry is not None else build_registry(store.get,
                                                                              process=True)
+        #: The body of /metrics, formatted once per collected snapshot (None: a
+        #: ``registry`` was given, which is encoded on every scrape).
+        self.metrics = MetricsBody(store.get) if registry is None else None
         if not is_loopback(host):
             log.warning("health endpoint listens beyond loopback: /metrics, /healthz and "
                         "/readyz are reachable from the network", host=host, port=port)

@@ -104,9 +104,14 @@ class ConnectResult:
 
 def find_controllers(target: Target, sysfs: Sysfs, *, usable_only: bool = True
                      ) -> list[Controller]:
-    """Existing controllers for ``target`` (by default only usable ones)."""
-    return [c for c in sysfs.controllers()
-            if target.matches(c) and (c.usable or not usable_only)]
+    """Existing controllers for ``target`` (by default only usable ones), each read live;
+    when none is found among the controllers that showed its subsystem before, every
+    controller's subsystem is read again."""
+    def pick(fresh: bool) -> list[Controller]:
+        return [c for c in sysfs.controllers(target.subsysnqn, fresh=fresh)
+                if target.matches(c) and (c.usable or not usable_only)]
+
+    return pick(False) or pick(True)
 
 
 def _log_retry(state: RetryCallState) -> None:
@@ -206,7 +211,7 @@ def refresh_secrets(target: Target, controllers: list[Controller], sysfs: Sysfs)
 
 def _other_hosts(target: Target, sysfs: Sysfs) -> list[Controller]:
     """Usable controllers to the same subsystem and port held by other host NQNs."""
-    return [c for c in sysfs.controllers()
+    return [c for c in sysfs.controllers(target.subsysnqn, fresh=True)
             if target.same_port(c) and c.usable and c.hostnqn != target.hostnqn]
 
 
@@ -249,7 +254,7 @@ def disconnect_controllers(subsysnqn: str, hostnqn: str, *, cli: NvmeCli, sysfs:
     identities' controllers to the same subsystem are left alone (``nvme disconnect
     -n`` would take them all, so each controller is disconnected by name).
     """
-    mine = [c for c in sysfs.controllers()
+    mine = [c for c in sysfs.controllers(subsysnqn, fresh=True)
             if c.is_fabrics and c.subsysnqn == subsysnqn and c.hostnqn == hostnqn]
     for ctrl in mine:
         cli.disconnect(device=ctrl.name)

@@ -12,7 +12,7 @@ subsystem) wakes the wait up early; the wait is bounded.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
@@ -126,31 +126,40 @@ def find_namespace(sysfs: Sysfs, subsysnqn: str, nsid: int) -> NamespaceDevice |
 
 def wait_for_namespaces(sysfs: Sysfs, subsysnqn: str, nsids: Sequence[int], *,
                         timeout: float = 30.0, waiter: Waiter | None = None,
-                        clock: Callable[[], float] = time.monotonic) -> list[NamespaceDevice]:
+                        clock: Callable[[], float] = time.monotonic,
+                        heads: Mapping[int, NamespaceHead] | None = None
+                        ) -> list[NamespaceDevice]:
     """Wait (at most ``timeout`` s) until every namespace in ``nsids`` has a block device.
 
-    Returns them in ``nsids`` order; raises :class:`DeviceNotFound` naming the
-    missing nsids and the subsystem.
+    ``heads``: the subsystem's namespaces as the caller just read them
+    (:meth:`Sysfs.subsystem_namespaces`), used as the first look instead of reading
+    them again. The udev monitor is only set up when that first look misses one (a
+    converged pass finds everything and starts nothing). Returns them in ``nsids``
+    order; raises :class:`DeviceNotFound` naming the missing nsids and the subsystem.
     """
     wanted = list(dict.fromkeys(nsids))
     found: dict[int, NamespaceDevice] = {}
     deadline = clock() + timeout
-    with waiter or UdevWaiter() as w:
-        while True:
-            heads = sysfs.subsystem_namespaces(subsysnqn) if len(found) < len(wanted) else {}
-            for nsid in wanted:
-                head = heads.get(nsid)
-                if nsid not in found and head is not None and head.uuid:
-                    found[nsid] = NamespaceDevice.from_head(subsysnqn, nsid, head.uuid.lower(),
-                                                            head)
-            if len(found) == len(wanted):
-                break
-            progress.checkpoint()  # SIGTERM: stop waiting
-            remaining = deadline - clock()
-            if remaining <= 0:
-                missing = [n for n in wanted if n not in found]
-                raise DeviceNotFound(subsysnqn, missing, timeout)
-            w.wait(remaining)
+
+    def look(heads: Mapping[int, NamespaceHead]) -> bool:
+        for nsid in wanted:
+            head = heads.get(nsid)
+            if nsid not in found and head is not None and head.uuid:
+                found[nsid] = NamespaceDevice.from_head(subsysnqn, nsid, head.uuid.lower(),
+                                                        head)
+        return len(found) == len(wanted)
+
+    if not look(sysfs.subsystem_namespaces(subsysnqn) if heads is None else heads):
+        with waiter or UdevWaiter() as w:
+            while True:
+                progress.checkpoint()  # SIGTERM: stop waiting
+                remaining = deadline - clock()
+                if remaining <= 0:
+                    missing = [n for n in wanted if n not in found]
+                    raise DeviceNotFound(subsysnqn, missing, timeout)
+                w.wait(remaining)
+                if look(sysfs.subsystem_namespaces(subsysnqn)):
+                    break
     log.debug("namespaces found", subsysnqn=subsysnqn,
               devices={n: d.device for n, d in found.items()})
     return [found[n] for n in nsids]

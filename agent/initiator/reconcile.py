@@ -74,7 +74,7 @@ from .mounts import (
 )
 from .nvmecli import ConnectError, FabricsOptions, NvmeCli
 from .striped import deactivate, dm_name, ensure_striped_volume, volume_path, volume_slaves
-from .sysfs import Controller, Sysfs, read_attr
+from .sysfs import Controller, NamespaceHead, Sysfs, read_attr
 from .timeouts import Timeouts, drift, fix, unsupported
 from .xfsmount import Geometry, geometry, grow, is_shut_down, needs_growth
 
@@ -133,12 +133,8 @@ def save_state(state_dir: Path, pools: dict[str, PoolAttachment]) -> None:
 
 
 def _union(*lists: list) -> list:
-    out: list = []
-    for items in lists:
-        for item in items:
-            if item not in out:
-                out.append(item)
-    return out
+    """The items of ``lists`` in order, each once (they are hashable records and paths)."""
+    return list(dict.fromkeys(item for items in lists for item in items))
 
 
 def merge_record(old: PoolAttachment | None, new: PoolAttachment) -> PoolAttachment:
@@ -249,12 +245,12 @@ class InitiatorPass:
                 """Record what this attach has done (or is about to do) so far."""
                 if self.dry_run or not box:
                     return
-                merged = copy.deepcopy(merge_record(old, box[0]))
+                merged = merge_record(old, box[0])
                 if not merged.subsystems:  # nothing connected, nothing to undo later
                     if state.pop(name, None) is not None:
                         save_state(self.state_dir, state)
                 elif state.get(name) != merged:
-                    state[name] = merged
+                    state[name] = copy.deepcopy(merged)
                     save_state(self.state_dir, state)
 
             self._checkpoint = checkpoint
@@ -407,13 +403,15 @@ class InitiatorPass:
             ctrl = self._live_controller(nqn, controllers, wait)
             # list-ns, and what sysfs has already (nvme-cli 2.3 was seen leaving out a
             # namespace the kernel had added after the connect).
-            nsids = self._known_nsids(nqn, old) or sorted(
+            heads: dict[int, NamespaceHead] = {}
+            nsids = self._known_nsids(nqn, old, heads) or sorted(
                 {*self.cli.list_ns(ctrl.name), *self.sysfs.subsystem_namespaces(nqn)})
             if not nsids:
                 raise KvagentError(f"{nqn} has no namespaces for this host",
                                    "check the pool on the storage host (kvagent status there)")
             with progress.step(f"waiting for the namespaces of {nqn}", wait):
-                found = wait_for_namespaces(self.sysfs, nqn, nsids, timeout=wait)
+                found = wait_for_namespaces(self.sysfs, nqn, nsids, timeout=wait,
+                                            heads=heads or None)
             record.devices += [AttachedDevice(d.subsysnqn, d.nsid, d.uuid, d.device)
                                for d in found]
             devices += found
@@ -472,17 +470,21 @@ class InitiatorPass:
             self._act(pool.name, "nvme.timeout", ctrl.name,
                       ", ".join(d.describe() for d in drifts))
 
-    def _known_nsids(self, nqn: str, old: PoolAttachment | None) -> list[int]:
+    def _known_nsids(self, nqn: str, old: PoolAttachment | None,
+                     seen: dict[int, NamespaceHead] | None = None) -> list[int]:
         """The namespaces of ``nqn`` from sysfs, when sysfs already answers: the pool was
         attached in full before and every namespace recorded then still has its block
         device with the same identity (``[]`` otherwise: ``nvme list-ns`` asks the
-        controller). Namespaces the kernel added since are included."""
+        controller). Namespaces the kernel added since are included. ``seen`` gets what
+        sysfs showed (the first look of the wait for the namespaces that follows)."""
         if old is None or not old.complete:
             return []
         recorded = {d.nsid: d.uuid.lower() for d in old.devices if d.subsysnqn == nqn}
         if not recorded:
             return []
         heads = self.sysfs.subsystem_namespaces(nqn)
+        if seen is not None:
+            seen.update(heads)
         if any((heads[n].uuid or "").lower() != u if n in heads else True
                for n, u in recorded.items()):
             return []
@@ -497,8 +499,8 @@ class InitiatorPass:
     def _wait_live(self, nqn: str, controllers: list[Controller], wait: float) -> Controller:
         deadline = self.seams.clock() + wait
         names = list(dict.fromkeys(c.name for c in controllers))
+        current = controllers  # read from sysfs by the connect step just now
         while True:
-            current = [c for n in names if (c := self.sysfs.controller(n)) is not None]
             live = [c for c in current if c.state == "live"]
             if live:
                 return live[0]
@@ -510,6 +512,7 @@ class InitiatorPass:
                     "the storage host is unreachable or its port is down; the kernel keeps "
                     "reconnecting (I/O waits meanwhile); apply again once it is back")
             self.seams.sleep(0.2)
+            current = [c for n in names if (c := self.sysfs.controller(n)) is not None]
 
     def _filesystems(self, pool: InitiatorPool, hostnqn: str,
                      devices: list[NamespaceDevice], record: PoolAttachment) -> list[str]:

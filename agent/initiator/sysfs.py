@@ -46,18 +46,28 @@ _SUBSYS_RE = re.compile(r"^nvme-subsys(\d+)$")
 SECTOR = 512
 
 
-def read_attr(path: Path) -> str | None:
-    """Contents of one sysfs attribute, stripped; None if it vanished or cannot be read."""
+def read_attr(path: Path | str) -> str | None:
+    """Contents of one sysfs attribute, stripped; None if it vanished or cannot be read.
+
+    One open, read and close (a sysfs attribute is at most a page, filled on the first
+    read): every pass reads a dozen of them per namespace on a GPU host.
+    """
     try:
-        return path.read_text(errors="replace").strip()
-    except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
-        return None
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
-        # ENODEV/ENXIO from a device being torn down, EACCES on write-only files.
+        # gone (ENOENT, ENOTDIR), ENODEV/ENXIO from a device being torn down, EACCES
+        # on write-only files
         return None
+    try:
+        data = os.read(fd, 65536)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace").strip()
 
 
-def _read_int(path: Path) -> int | None:
+def _read_int(path: Path | str) -> int | None:
     text = read_attr(path)
     if text is None:
         return None
@@ -67,14 +77,23 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-def _link_name(path: Path) -> str | None:
+def _link_name(path: Path | str) -> str | None:
     try:
         return os.path.basename(os.readlink(path))
     except OSError:
         return None
 
 
-def _listdir(path: Path) -> list[str]:
+def _shared(seen: dict[str, str | None] | None, path: str) -> str | None:
+    """:func:`read_attr`, once per path for one caller's look (``seen``: None = always)."""
+    if seen is None:
+        return read_attr(path)
+    if path not in seen:
+        seen[path] = read_attr(path)
+    return seen[path]
+
+
+def _listdir(path: Path | str) -> list[str]:
     try:
         return sorted(os.listdir(path))
     except OSError:
@@ -216,33 +235,65 @@ class Sysfs:
 
     def __init__(self, root: Path | str = "/sys"):
         self.root = Path(root)
+        #: controller name -> the subsystem NQN it showed when last looked at: which
+        #: controllers :meth:`controllers` reads for a subsystem (each is then read live).
+        self._owners: dict[str, str | None] = {}
+        #: the same for subsystems (``nvme-subsys<S>`` -> NQN), for
+        #: :meth:`subsystem_namespaces`
+        self._subsystem_owners: dict[str, str | None] = {}
 
     # -- controllers ----------------------------------------------------------
     def controller_names(self) -> list[str]:
-        names = [n for n in _listdir(self.root / "class/nvme") if _CTRL_RE.match(n)]
+        names = [n for n in _listdir(f"{self.root}/class/nvme") if _CTRL_RE.match(n)]
         return sorted(names, key=lambda n: int(n[4:]))
 
     def controller(self, name: str) -> Controller | None:
         """The controller ``name`` (``nvme3``), or None if it is gone or half torn down."""
-        d = self.root / "class/nvme" / name
-        transport = read_attr(d / "transport")
-        address = read_attr(d / "address")
-        state = read_attr(d / "state")
-        subsysnqn = read_attr(d / "subsysnqn")
+        d = f"{self.root}/class/nvme/{name}"
+        transport = read_attr(f"{d}/transport")
+        address = read_attr(f"{d}/address")
+        state = read_attr(f"{d}/state")
+        subsysnqn = read_attr(f"{d}/subsysnqn")
         if transport is None or address is None or state is None or subsysnqn is None:
             return None
         return Controller(
             name=name, transport=transport, address=Address.parse(address), state=state,
-            subsysnqn=subsysnqn, hostnqn=read_attr(d / "hostnqn"), hostid=read_attr(d / "hostid"),
-            cntlid=_read_int(d / "cntlid"), ctrl_loss_tmo=read_attr(d / "ctrl_loss_tmo"),
-            reconnect_delay=read_attr(d / "reconnect_delay"),
-            fast_io_fail_tmo=read_attr(d / "fast_io_fail_tmo"), kato=read_attr(d / "kato"),
-            queue_count=_read_int(d / "queue_count"), sqsize=_read_int(d / "sqsize"),
+            subsysnqn=subsysnqn, hostnqn=read_attr(f"{d}/hostnqn"),
+            hostid=read_attr(f"{d}/hostid"), cntlid=_read_int(f"{d}/cntlid"),
+            ctrl_loss_tmo=read_attr(f"{d}/ctrl_loss_tmo"),
+            reconnect_delay=read_attr(f"{d}/reconnect_delay"),
+            fast_io_fail_tmo=read_attr(f"{d}/fast_io_fail_tmo"), kato=read_attr(f"{d}/kato"),
+            queue_count=_read_int(f"{d}/queue_count"), sqsize=_read_int(f"{d}/sqsize"),
         )
 
-    def controllers(self) -> list[Controller]:
-        """Every controller that could be read completely (vanished ones are left out)."""
-        return [c for c in (self.controller(n) for n in self.controller_names()) if c]
+    def controllers(self, subsysnqn: str | None = None, *,
+                    fresh: bool = False) -> list[Controller]:
+        """Every controller that could be read completely (vanished ones are left out).
+
+        With ``subsysnqn``, only that subsystem's: the controllers that showed it when this
+        reader last looked at them (their ``subsysnqn`` is read the first time this reader
+        meets them, or again with ``fresh``) are read in full, and kept when they still
+        show it. A GPU host has a controller per pool and every pool's attach looks for
+        its own: one file of every other controller per pass, not all of them per pool.
+        A caller that finds none of its own looks again with ``fresh`` (a name may have
+        been reused by a new controller since).
+        """
+        names = self.controller_names()
+        if subsysnqn is not None:
+            root = f"{self.root}/class/nvme"
+            owners = self._owners
+            for n in names:
+                if fresh or n not in owners:
+                    owners[n] = read_attr(f"{root}/{n}/subsysnqn")
+            names = [n for n in names if owners[n] == subsysnqn]
+        found = []
+        for n in names:
+            c = self.controller(n)
+            if c is not None:
+                self._owners[n] = c.subsysnqn
+                if subsysnqn is None or c.subsysnqn == subsysnqn:
+                    found.append(c)
+        return found
 
     def controller_secret(self, name: str, attr: str) -> str | None:
         """A controller's DH-HMAC-CHAP secret (``dhchap_secret`` or ``dhchap_ctrl_secret``;
@@ -294,39 +345,50 @@ class Sysfs:
             os.close(fd)
 
     # -- namespaces -----------------------------------------------------------
-    def namespace(self, name: str,
-                  block: dict[str, list[str]] | None = None) -> NamespaceHead | None:
+    def namespace(self, name: str, block: dict[str, list[str]] | None = None, *,
+                  seen: dict[str, str | None] | None = None, brief: bool = False,
+                  parent: str | None = None) -> NamespaceHead | None:
         """The namespace block device ``name`` (``nvme2n1``) with its paths, or None.
 
         ``block``: the hidden path nodes of ``<sysfs>/block`` by head
         (:meth:`path_nodes`; listed here if not given: a caller looking at many heads
-        lists them once).
+        lists them once). ``seen``: attributes of subsystems and controllers already read
+        by this caller just now (by path; filled here): the heads of one subsystem share
+        its NQN and their paths' controllers. ``brief``: leave out (None) what neither
+        the attach nor health uses: ``nguid``, ``wwid``, the logical block size (the
+        probes read it from the mounted filesystem) and the paths' ``ana_grpid``; a
+        path's controller comes from its name (``nvme<S>c<C>n<N>``: ``nvme<C>``, as the
+        kernel names it). ``parent``: the subsystem or controller directory the caller
+        found the head in (its ``device`` link is not read then).
         """
-        d = self.root / "block" / name
         if not _HEAD_RE.match(name):
             return None
-        uuid = read_attr(d / "uuid")
-        nsid = _read_int(d / "nsid")
+        root = str(self.root)
+        d = f"{root}/block/{name}"
+        uuid = read_attr(f"{d}/uuid")
+        nsid = _read_int(f"{d}/nsid")
         if uuid is None and nsid is None:
             return None  # gone (or not a namespace)
-        parent = _link_name(d / "device")
+        if parent is None:
+            parent = _link_name(f"{d}/device")
         subsystem = parent if parent and _SUBSYS_RE.match(parent) else None
         subsysnqn = None
         if subsystem:
-            subsysnqn = read_attr(self.root / "class/nvme-subsystem" / subsystem / "subsysnqn")
-            paths = self._paths_of(name, block)
+            subsysnqn = _shared(seen, f"{root}/class/nvme-subsystem/{subsystem}/subsysnqn")
+            paths = self._paths_of(name, block, seen, brief)
         else:
             # No native multipath: the block device hangs off its controller directly.
             ctrl = parent if parent and _CTRL_RE.match(parent) else None
             if ctrl:
-                subsysnqn = read_attr(self.root / "class/nvme" / ctrl / "subsysnqn")
+                subsysnqn = read_attr(f"{root}/class/nvme/{ctrl}/subsysnqn")
             paths = (NamespacePath(name=name, controller=ctrl, controller_state=(
-                read_attr(self.root / "class/nvme" / ctrl / "state") if ctrl else None),
-                ana_state=read_attr(d / "ana_state"), ana_grpid=_read_int(d / "ana_grpid")),)
+                read_attr(f"{root}/class/nvme/{ctrl}/state") if ctrl else None),
+                ana_state=read_attr(f"{d}/ana_state"),
+                ana_grpid=None if brief else _read_int(f"{d}/ana_grpid")),)
         return NamespaceHead(
-            name=name, nsid=nsid, uuid=uuid, nguid=read_attr(d / "nguid"),
-            wwid=read_attr(d / "wwid"), size_sectors=_read_int(d / "size"),
-            logical_block_size=_read_int(d / "queue/logical_block_size"),
+            name=name, nsid=nsid, uuid=uuid, nguid=None if brief else read_attr(f"{d}/nguid"),
+            wwid=None if brief else read_attr(f"{d}/wwid"), size_sectors=_read_int(f"{d}/size"),
+            logical_block_size=None if brief else _read_int(f"{d}/queue/logical_block_size"),
             subsystem=subsystem, subsysnqn=subsysnqn, paths=paths,
         )
 
@@ -340,21 +402,23 @@ class Sysfs:
                 out.setdefault(f"nvme{pm.group(1)}n{pm.group(3)}", []).append(entry)
         return out
 
-    def _paths_of(self, head: str,
-                  block: dict[str, list[str]] | None = None) -> tuple[NamespacePath, ...]:
+    def _paths_of(self, head: str, block: dict[str, list[str]] | None = None,
+                  seen: dict[str, str | None] | None = None,
+                  brief: bool = False) -> tuple[NamespacePath, ...]:
         found = []
+        root = str(self.root)
         for entry in (self.path_nodes() if block is None else block).get(head, ()):
             pm = _PATH_RE.match(entry)
             assert pm
-            d = self.root / "block" / entry
-            ctrl = _link_name(d / "device") or f"nvme{pm.group(2)}"
-            ana_state = read_attr(d / "ana_state")
-            if ana_state is None and not d.exists():
+            d = f"{root}/block/{entry}"
+            ctrl = (None if brief else _link_name(f"{d}/device")) or f"nvme{pm.group(2)}"
+            ana_state = read_attr(f"{d}/ana_state")
+            if ana_state is None and not os.path.exists(d):
                 continue  # the path went away while we looked
             found.append(NamespacePath(
                 name=entry, controller=ctrl,
-                controller_state=read_attr(self.root / "class/nvme" / ctrl / "state"),
-                ana_state=ana_state, ana_grpid=_read_int(d / "ana_grpid"),
+                controller_state=_shared(seen, f"{root}/class/nvme/{ctrl}/state"),
+                ana_state=ana_state, ana_grpid=None if brief else _read_int(f"{d}/ana_grpid"),
             ))
         return tuple(found)
 
@@ -370,27 +434,57 @@ class Sysfs:
         """The namespaces of subsystem ``subsysnqn`` on this host, by nsid.
 
         Looks only at that subsystem: its ``nvme-subsys`` directory (multipath heads) and
-        its controllers' directories (heads without native multipath); ``<sysfs>/block``
-        is listed once for the paths. No walk of every block device.
+        its controllers' directories (the heads' hidden path nodes, and heads without
+        native multipath). No walk of every block device, no listing of ``<sysfs>/block``.
+        What the attach and health use of each is read (``brief``: :meth:`namespace`
+        reads the rest). The subsystem is found among those that showed its NQN when this
+        reader last looked (read again now); when none does, every subsystem's NQN is read
+        again (a GPU host has one per pool: one file of each per pass, not per pool).
         """
+        root = f"{self.root}/class/nvme-subsystem"
+        names = [n for n in _listdir(root) if _SUBSYS_RE.match(n)]
+        owners = self._subsystem_owners
+        for n in names:
+            if n not in owners:
+                owners[n] = read_attr(f"{root}/{n}/subsysnqn")
+        out = self._subsystem_heads(subsysnqn, [n for n in names if owners[n] == subsysnqn])
+        if out is None:  # none of them shows it now: every subsystem is looked at again
+            for n in names:
+                owners[n] = read_attr(f"{root}/{n}/subsysnqn")
+            out = self._subsystem_heads(subsysnqn,
+                                        [n for n in names if owners[n] == subsysnqn])
+        return out or {}
+
+    def _subsystem_heads(self, subsysnqn: str,
+                         names: list[str]) -> dict[int, NamespaceHead] | None:
+        """The namespaces of the subsystems ``names`` that show ``subsysnqn`` (read now);
+        None when none of them does."""
         out: dict[int, NamespaceHead] = {}
-        block: dict[str, list[str]] | None = None
-        root = self.root / "class/nvme-subsystem"
-        for sub in _listdir(root):
-            if not _SUBSYS_RE.match(sub) or read_attr(root / sub / "subsysnqn") != subsysnqn:
+        root = f"{self.root}/class/nvme-subsystem"
+        shown = False
+        for sub in names:
+            nqn = read_attr(f"{root}/{sub}/subsysnqn")
+            self._subsystem_owners[sub] = nqn
+            if nqn != subsysnqn:
                 continue
-            entries = _listdir(root / sub)
-            heads = [e for e in entries if _HEAD_RE.match(e)]
+            shown = True
+            entries = _listdir(f"{root}/{sub}")
+            # Multipath heads are children of the subsystem; heads without native
+            # multipath, and the hidden path nodes nvme<S>c<C>n<N>, of their controller.
+            heads = [(e, sub) for e in entries if _HEAD_RE.match(e)]
+            paths: dict[str, list[str]] = {}
             for ctrl in (e for e in entries if _CTRL_RE.match(e)):
-                heads += [e for e in _listdir(self.root / "class/nvme" / ctrl)
-                          if _HEAD_RE.match(e)]
-            if heads and block is None:
-                block = self.path_nodes()
-            for name in heads:
-                head = self.namespace(name, block)
+                for e in _listdir(f"{self.root}/class/nvme/{ctrl}"):
+                    if _HEAD_RE.match(e):
+                        heads.append((e, ctrl))
+                    elif pm := _PATH_RE.match(e):
+                        paths.setdefault(f"nvme{pm.group(1)}n{pm.group(3)}", []).append(e)
+            seen: dict[str, str | None] = {f"{root}/{sub}/subsysnqn": subsysnqn}
+            for name, parent in heads:
+                head = self.namespace(name, paths, seen=seen, brief=True, parent=parent)
                 if head is not None and head.nsid is not None and head.subsysnqn == subsysnqn:
                     out.setdefault(head.nsid, head)
-        return out
+        return out if shown else None
 
     def namespace_by_nsid(self, subsysnqn: str, nsid: int) -> NamespaceHead | None:
         """The namespace ``nsid`` of subsystem ``subsysnqn`` on this host, or None."""

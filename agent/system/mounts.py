@@ -52,11 +52,13 @@ def mounted_at(path: str, mountinfo: Path = MOUNTINFO) -> MountEntry | None:
     return found
 
 
-def filesystem_type(path: Path | str, mountinfo: Path = MOUNTINFO) -> str | None:
-    """Type of the filesystem holding ``path`` (the longest mount point that contains it)."""
+def filesystem_type(path: Path | str, mountinfo: Path = MOUNTINFO,
+                    mounts: list[MountEntry] | None = None) -> str | None:
+    """Type of the filesystem holding ``path`` (the longest mount point that contains it);
+    ``mounts``: the mount table when already read (else read from ``mountinfo``)."""
     real = os.path.realpath(path)
     best: tuple[int, str] | None = None
-    for m in read_mounts(mountinfo):
+    for m in read_mounts(mountinfo) if mounts is None else mounts:
         mp = m.mount_point.rstrip("/") or "/"
         if (real == mp or real.startswith(mp.rstrip("/") + "/")) and (
                 best is None or len(mp) >= best[0]):

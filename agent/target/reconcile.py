@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -139,6 +140,7 @@ class TargetPass:
         self.prefix = f"{cfg.node.nqn_prefix}:{cfg.node.name}"
         self.rebind = frozenset(rebind)
         self._realpaths: dict[str, str] = {}
+        self._keys: dict[str, tuple[object, ...]] = {}
         self.feats: nvmet.Features | None = None
 
     # ------------------------------------------------------------------ helpers
@@ -149,6 +151,24 @@ class TargetPass:
         if real is None:
             real = self._realpaths[path] = os.path.realpath(path)
         return real
+
+    def _storage_key(self, path: str) -> tuple[object, ...]:
+        """What ``path`` is, for the export-twice rule: a block device by its device
+        number, any other file by its device and inode (one ``stat``, following links:
+        every name of the same storage — a symlink, a by-id link, a hard link — gives
+        the same key), a path that does not exist by its ``realpath``. Once per path in
+        this pass; a new pass looks again."""
+        key = self._keys.get(path)
+        if key is None:
+            try:
+                st = os.stat(path)
+            except (OSError, ValueError):
+                key = ("path", self._real(path))
+            else:
+                key = (("block", st.st_rdev) if stat.S_ISBLK(st.st_mode)
+                       else ("inode", st.st_dev, st.st_ino))
+            self._keys[path] = key
+        return key
 
     def _pool_of(self, nqn: str) -> str | None:
         parsed = parse_subsystem_nqn(self.cfg.node.nqn_prefix, nqn)
@@ -343,11 +363,11 @@ class TargetPass:
         their place (None when there is none live).
         """
         live = ctx.live
-        exported: dict[str, tuple[str, int]] = {}
+        exported: dict[tuple[object, ...], tuple[str, int]] = {}
         for sub in live.subsystems.values():
             for ns in sub.namespaces.values():
                 if ns.device_path:
-                    exported[self._real(ns.device_path)] = (sub.nqn, ns.nsid)
+                    exported[self._storage_key(ns.device_path)] = (sub.nqn, ns.nsid)
         kept: dict[str, dict[Key, Namespace | None]] = {}
         for pool in pools:
             if pool.name in failed:
@@ -365,8 +385,9 @@ class TargetPass:
 
     def _refusal(self, ctx: PassContext, pool: TargetPool, vol: Volume, nqn: str,
                  live_ns: Namespace | None,
-                 exported: dict[str, tuple[str, int]]) -> tuple[str, str] | None:
-        where = exported.get(self._real(vol.path))
+                 exported: dict[tuple[object, ...], tuple[str, int]]
+                 ) -> tuple[str, str] | None:
+        where = exported.get(self._storage_key(vol.path))
         if where is not None and where != (nqn, vol.nsid):
             return (f"pool {pool.name}: namespace {vol.nsid} of {nqn} would export "
                     f"{vol.storage.describe()}, which nvmet already exports as namespace "
@@ -572,7 +593,7 @@ class TargetPass:
         Recorded first, so that a kill between creating an object and recording it
         never leaves one that kvagent would then refuse as not its own.
         """
-        snapshot = repr(records.to_json())
+        snapshot = records.snapshot()
         records.node, records.nqn_prefix = self.cfg.node.name, self.cfg.node.nqn_prefix
         records.ports |= {pid for pid in port_ids if pid not in live.ports}
         records.hosts |= {h for h in desired.hosts if h not in live.hosts}
@@ -590,7 +611,7 @@ class TargetPass:
                     nqn, vol.nsid, vol.uuid, vol.nguid, name, vol.host,
                     Storage(vol.storage.kind, vol.storage.path),
                     old.size if old is not None and _same_id(old.uuid, vol.uuid) else None)
-        if repr(records.to_json()) != snapshot or records.read_schema != SCHEMA:
+        if records != snapshot or records.read_schema != SCHEMA:
             records.save(self.state_dir)
 
     def _record_outcome(self, records: TargetRecords, before: Tree, pools: list[TargetPool],
@@ -607,7 +628,7 @@ class TargetPass:
                 log.warning("cannot re-read nvmet after apply; records keep the intent",
                             error=str(exc))
                 return
-        snapshot = repr(records.to_json())
+        snapshot = records.snapshot()
         records.ports &= set(after.ports)
         records.hosts &= set(after.hosts)
         wanted = {(nqn, nsid) for pool in pools
@@ -633,11 +654,11 @@ class TargetPass:
         for pool in pools:
             if pool.name not in failed:
                 records.pools[pool.name] = driver_for(pool).record(pool)
-        if repr(records.to_json()) != snapshot:
+        if records != snapshot:
             records.save(self.state_dir)
 
 
 def _same_id(a: str, b: str) -> bool:
-    return canonical("device_uuid", a) == canonical("device_uuid", b)
+    return a == b or canonical("device_uuid", a) == canonical("device_uuid", b)
 
 

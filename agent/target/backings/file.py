@@ -35,7 +35,7 @@ from ...records import (
     TargetRecords,
 )
 from ...state import fsync_dir
-from ...system.mounts import filesystem_device, filesystem_type
+from ...system.mounts import filesystem_device, filesystem_type, read_mounts
 from ...system.run import Runner
 from ..identity import fresh_ids, legacy_ids
 from ..usage import DeviceUse
@@ -214,14 +214,32 @@ def remove_owned(directory: Path, rel: str) -> bool:
         os.close(top)
 
 
-def file_storage(path: Path, detail: str = "") -> Storage:
+def file_storage(path: Path | str, detail: str = "",
+                 st: os.stat_result | None = None) -> Storage:
+    """The storage record of a pool file; ``st``: its ``lstat`` when already taken."""
     if not detail:
         try:
-            st = os.stat(path, follow_symlinks=False)
+            st = st or os.stat(path, follow_symlinks=False)
             detail = f"inode {st.st_ino} on device {os.major(st.st_dev)}:{os.minor(st.st_dev)}"
         except OSError:
             detail = "missing"
     return Storage("file", str(path), detail)
+
+
+def _current_size(path: str) -> tuple[int | None, os.stat_result | None]:
+    """(size, lstat) of an existing pool file, following a symlink for the size as
+    ``Path.stat`` does; (None, None) when it is missing. One system call for a regular
+    file (a converged pass stats every file of every pool)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None
+    if not stat.S_ISLNK(st.st_mode):
+        return st.st_size, st
+    try:
+        return os.stat(path).st_size, st
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None
 
 
 class FileDriver:
@@ -252,7 +270,10 @@ class FileDriver:
         directory = pool_dir(backing, pool.name)
         # Probe the nearest existing directory: planning creates nothing.
         probe_dir = next(p for p in (directory, *directory.parents) if p.is_dir())
-        fstype = filesystem_type(probe_dir)
+        mounts = ctx.cache.get("mounts")
+        if mounts is None:  # the mount table, once per pass for every file pool
+            mounts = ctx.cache["mounts"] = read_mounts()
+        fstype = filesystem_type(probe_dir, mounts=mounts)
         if fstype in UNUSABLE_FILESYSTEMS:
             plan.errors.append(f"pool {pool.name}: {probe_dir} is on {fstype}: "
                                f"{UNUSABLE_FILESYSTEMS[fstype]}; put the pool's files on a "
@@ -261,14 +282,15 @@ class FileDriver:
         owned = FileManifest.load(directory).files
         size = pool.namespaces.size
         creates = False
+        base = str(directory)
         for host, nsids in self.layout(pool, ctx.records).items():
             for nsid in nsids:
                 rel = relative_path(host, nsid)
-                path = directory / rel
+                path = f"{base}/{rel}"  # str(directory / rel), without pathlib per file
                 entry = owned.get(rel)
                 key = (host, nsid)
                 if entry is None:
-                    if path.exists() or path.is_symlink():
+                    if os.path.lexists(path):
                         plan.errors.append(
                             f"pool {pool.name}: {path} exists but kvagent did not create it "
                             f"(not in {directory / MANIFEST_FILE}); refusing to use or "
@@ -277,23 +299,20 @@ class FileDriver:
                     uuid, nguid = fresh_ids()
                     creates = True
                     plan.steps.append(Step(
-                        "file.create", pool.name, str(path), f"{int(size)} bytes",
+                        "file.create", pool.name, path, f"{int(size)} bytes",
                         lambda r=rel, u=uuid, g=nguid: create_file(directory, r, size, u, g),
                         volume=key))
                     storage = file_storage(path, "to be created")
                 elif entry.state == "creating":
                     uuid, nguid = entry.uuid or "", entry.nguid or ""
                     plan.steps.append(Step(
-                        "file.finish", pool.name, str(path),
+                        "file.finish", pool.name, path,
                         f"an interrupted create of {entry.size} bytes",
                         lambda r=rel, e=entry: finish_file(directory, r, e), volume=key))
                     storage = file_storage(path, "being created")
                 else:
                     uuid, nguid = entry.uuid or "", entry.nguid or ""
-                    try:
-                        current = path.stat().st_size  # one stat: exists, and its size
-                    except (FileNotFoundError, NotADirectoryError):
-                        current = None
+                    current, st = _current_size(path)  # exists, and its size
                     if current is None:
                         plan.errors.append(
                             f"pool {pool.name}: {path} is recorded as kvagent's but is "
@@ -302,16 +321,16 @@ class FileDriver:
                     if not uuid or not nguid:
                         uuid, nguid = legacy_ids(ctx.nqn(pool.name, host), nsid)
                         plan.steps.append(Step(
-                            "file.record", pool.name, str(path), f"namespace identity {uuid}",
+                            "file.record", pool.name, path, f"namespace identity {uuid}",
                             _recorder(directory, rel, ManifestEntry(entry.size, uuid, nguid)),
                             volume=key))
                     if current < size:
                         plan.steps.append(Step(
-                            "file.grow", pool.name, str(path), f"{current} -> {int(size)} bytes",
+                            "file.grow", pool.name, path, f"{current} -> {int(size)} bytes",
                             lambda r=rel: grow_file(directory, r, size),
-                            grown=str(path), volume=key))
-                    storage = file_storage(path)
-                plan.volumes.append(Volume(pool.name, host, nsid, str(path), size, uuid, nguid,
+                            grown=path, volume=key))
+                    storage = file_storage(path, st=st)
+                plan.volumes.append(Volume(pool.name, host, nsid, path, size, uuid, nguid,
                                            storage, buffered_io=backing.buffered_io))
         # Only a pool that gets new files needs the O_DIRECT probe (it writes a file):
         # a converged pass stays free of writes.

@@ -28,11 +28,11 @@ from pathlib import Path
 from agent.config import Config, parse_config
 from agent.initiator.filesystem import XfsSuperblock
 from agent.initiator.nvmecli import NoKernelLog, NvmeCli
-from agent.system.probes import ProbeResult
 from agent.initiator.reconcile import HostSeams
 from agent.initiator.sysfs import Sysfs
 from agent.initiator.xfsmount import Geometry
 from agent.system.mountusers import MountUser
+from agent.system.probes import ProbeResult
 from agent.system.run import CommandResult
 from nvmet.ids import namespace_uuid
 from tests.unit.engines.helpers import probe as fake_probe_result

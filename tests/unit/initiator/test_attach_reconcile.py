@@ -7,13 +7,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from agent import failpoints
 from agent.engines.handoff import forget, hand_off
+from agent.initiator.devices import UdevWaiter
 from agent.initiator.reconcile import InitiatorPass, load_state, merge_record
+from agent.initiator.sysfs import Sysfs
 from agent.naming import filesystem_uuid
 from agent.records import PoolAttachment, SubsystemPath
 from agent.result import RunResult
@@ -132,6 +135,26 @@ def test_a_converged_pass_runs_no_command_when_sysfs_answers(host: FakeHost) -> 
     again = run(host, pools)
     assert again.ok and not again.changed, again.actions
     assert host.runner.calls[calls:] == []
+
+
+def test_a_converged_pass_reads_each_subsystem_once_and_starts_no_process(
+        host: FakeHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No process outside the runner either: the udev monitor (pyudev finds libudev by
+    running ldconfig) is only set up to wait for a namespace that is missing; the
+    subsystem's namespaces are read from sysfs once per pass."""
+    pools = pool_yaml(host, subsystem=NQN)
+    assert run(host, pools).ok
+    reads: list[str] = []
+    real = Sysfs.subsystem_namespaces
+    monkeypatch.setattr(Sysfs, "subsystem_namespaces",
+                        lambda self, nqn: reads.append(nqn) or real(self, nqn))
+    monkeypatch.setattr(UdevWaiter, "__enter__",
+                        lambda self: pytest.fail("a udev monitor in a converged pass"))
+    monkeypatch.setattr(subprocess.Popen, "__init__",
+                        lambda *a, **k: pytest.fail(f"a process outside the runner: {a[1:]}"))
+    again = run(host, pools)
+    assert again.ok and not again.changed, again.actions
+    assert reads == [NQN]
 
 
 def test_list_ns_asks_the_controller_when_sysfs_lacks_a_recorded_namespace(

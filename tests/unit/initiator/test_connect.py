@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.initiator import sysfs as sysfs_mod
 from agent.initiator.connect import (
     Target,
     connect,
@@ -351,3 +352,31 @@ def test_target_matches_uses_parsed_address() -> None:
     ctrl = Controller("nvme1", "TCP", Address.parse("traddr=10.0.0.1,trsvcid=4420"), "live",
                       NQN, HOST)
     assert target().matches(ctrl)
+
+
+def test_controllers_are_found_by_subsystem_and_a_reused_name_is_seen(tmp_path: Path) -> None:
+    """One reader (one pass) looks at each other controller's subsystem once, reads every
+    controller it returns live, and finds a controller whose name was reused by another
+    subsystem since it last looked (a fresh look when it finds none of its own)."""
+    other = NQN.replace("pool0", "pool1")
+    fake = FakeSysfs(tmp_path)
+    fake.add_controller(3, subsysnqn=NQN, hostnqn=HOST)
+    fake.add_controller(4, subsysnqn=other, hostnqn=HOST)
+    reads: list[str] = []
+    s = Sysfs(tmp_path)
+    real = sysfs_mod.read_attr
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sysfs_mod, "read_attr", lambda p: reads.append(str(p)) or real(p))
+        mine = Target("tcp", "127.0.0.1", "4420", NQN, HOST, None, FabricsOptions())
+        theirs = Target("tcp", "127.0.0.1", "4420", other, HOST, None, FabricsOptions())
+        assert [c.name for c in find_controllers(mine, s)] == ["nvme3"]
+        assert [c.name for c in find_controllers(theirs, s)] == ["nvme4"]
+    # nvme4's subsystem was read once (by the first look), then nvme4 in full
+    assert sum(p.endswith("nvme4/subsysnqn") for p in reads) == 2
+    assert sum(p.endswith("nvme3/subsysnqn") for p in reads) == 2  # the hint, then in full
+    # nvme4 goes away and its name comes back for our subsystem (a reconnect)
+    fake.remove_controller(4)
+    fake.remove_controller(3)
+    fake.add_controller(4, subsysnqn=NQN, hostnqn=HOST)
+    assert [c.name for c in find_controllers(mine, s)] == ["nvme4"]
+    assert find_controllers(theirs, s) == []

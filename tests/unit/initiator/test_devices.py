@@ -65,7 +65,32 @@ def test_found_at_once_with_paths_and_ana(tmp_path: Path) -> None:
     assert [(p.controller, p.ana_state) for p in dev.paths] == [
         ("nvme3", "optimized"), ("nvme4", "non-optimized")]
     assert len(dev.live_paths) == 2
-    assert waiter.waits == [] and waiter.entered and waiter.exited
+    # everything was there at the first look: no udev monitor was set up, no wait
+    assert waiter.waits == [] and not waiter.entered
+
+
+def test_the_callers_first_look_is_used(tmp_path: Path) -> None:
+    """A caller that has just read the subsystem's namespaces hands them in: they are not
+    read again; a namespace missing from them is waited for (and read) as usual."""
+    fake = setup(tmp_path)
+    fake.add_namespace(3, 1, U1, paths=((3, "optimized"),))
+    heads = Sysfs(tmp_path).subsystem_namespaces(NQN)
+    fake.add_namespace(3, 2, U2, paths=((3, "optimized"),))
+    reads: list[str] = []
+
+    class Counting(Sysfs):
+        def subsystem_namespaces(self, subsysnqn: str):  # type: ignore[no-untyped-def]
+            reads.append(subsysnqn)
+            return super().subsystem_namespaces(subsysnqn)
+
+    clock = [0.0]
+    [dev] = wait_for_namespaces(Counting(tmp_path), NQN, [1], timeout=5,
+                                waiter=StepWaiter(clock), clock=lambda: clock[0], heads=heads)
+    assert dev.uuid == U1 and reads == []
+    waiter = StepWaiter(clock)
+    devs = wait_for_namespaces(Counting(tmp_path), NQN, [1, 2], timeout=5, waiter=waiter,
+                               clock=lambda: clock[0], heads=heads)
+    assert [d.uuid for d in devs] == [U1, U2] and reads == [NQN] and waiter.entered
 
 
 def test_waits_until_the_kernel_adds_them(tmp_path: Path) -> None:
@@ -132,3 +157,34 @@ def test_udev_waiter_falls_back_to_sleeping(monkeypatch: pytest.MonkeyPatch) -> 
         w.wait(10)
         w.wait(0.2)
     assert slept == [0.5, 0.2]
+
+
+def test_a_subsystem_is_found_by_its_nqn_once_per_reader_and_a_reused_name_is_seen(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One reader (one pass) reads each other subsystem's NQN once, what it returns is
+    read live, and a subsystem directory whose name now belongs to another NQN (the
+    kernel reuses instance numbers) is not taken: every subsystem is looked at again."""
+    from agent.initiator import sysfs as sysfs_mod
+
+    fake = setup(tmp_path)
+    fake.add_namespace(3, 1, U1, paths=((3, "optimized"),))
+    other = NQN + "-other"
+    fake.add_controller(6, subsysnqn=other, hostnqn="h")
+    fake.add_subsystem(6, other, (6,))
+    fake.add_namespace(6, 1, U2, paths=((6, "optimized"),))
+    reads: list[str] = []
+    real = sysfs_mod.read_attr
+    monkeypatch.setattr(sysfs_mod, "read_attr", lambda p: reads.append(str(p)) or real(p))
+    s = Sysfs(tmp_path)
+    for _ in range(3):
+        assert s.subsystem_namespaces(NQN)[1].uuid == U1
+    # nvme-subsys3's NQN: the first look, then live each time it was returned; the other
+    # subsystem's: only the first look (not once per call)
+    assert sum(p.endswith("nvme-subsys3/subsysnqn") for p in reads) == 1 + 3
+    assert sum(p.endswith("nvme-subsys6/subsysnqn") for p in reads) == 1
+    assert s.subsystem_namespaces(other)[1].uuid == U2
+    # nvme-subsys3 now holds the other NQN's namespaces and nvme-subsys6 is gone
+    fake.set("class/nvme-subsystem/nvme-subsys3/subsysnqn", other)
+    (tmp_path / "class/nvme-subsystem/nvme-subsys6").unlink()
+    assert s.subsystem_namespaces(NQN) == {}
+    assert s.subsystem_namespaces(other)[1].name == "nvme3n1"

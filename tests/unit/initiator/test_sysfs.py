@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from pathlib import Path
 
@@ -125,14 +126,25 @@ def test_controller_vanished_entirely(tree: FakeSysfs) -> None:
 
 
 def test_attribute_vanishes_mid_read(tree: FakeSysfs, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = Path.read_text
+    """The controller's state file opens, and its read fails (ENODEV: being torn down)."""
+    real_open, real_read = os.open, os.read
+    torn: set[int] = set()
 
-    def flaky(self: Path, *args, **kwargs):
-        if self.name == "state" and "nvme2" in str(self):
+    def opening(path, flags, *args, **kwargs):  # type: ignore[no-untyped-def]
+        fd = real_open(path, flags, *args, **kwargs)
+        if str(path).endswith("/state") and "nvme2" in str(path):
+            torn.add(fd)
+        else:
+            torn.discard(fd)
+        return fd
+
+    def reading(fd: int, n: int) -> bytes:
+        if fd in torn:
             raise OSError(errno.ENODEV, "No such device")
-        return real(self, *args, **kwargs)
+        return real_read(fd, n)
 
-    monkeypatch.setattr(Path, "read_text", flaky)
+    monkeypatch.setattr(sysfs_mod.os, "open", opening)
+    monkeypatch.setattr(sysfs_mod.os, "read", reading)
     s = Sysfs(tree.root)
     assert s.controller("nvme2") is None
     head = s.namespace("nvme2n1")
@@ -158,10 +170,10 @@ def test_read_attr_permission_denied(tmp_path: Path, monkeypatch: pytest.MonkeyP
     f = tmp_path / "reset_controller"
     f.write_text("")
 
-    def denied(self: Path, *args, **kwargs):
+    def denied(path, flags, *args, **kwargs):  # type: ignore[no-untyped-def]
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(Path, "read_text", denied)
+    monkeypatch.setattr(sysfs_mod.os, "open", denied)  # a write-only attribute, as root
     assert sysfs_mod.read_attr(f) is None
 
 

@@ -134,7 +134,11 @@ def test_spec_read_is_the_full_read_narrowed_and_plans_the_same(live, desired, f
     feats = features(fs)
     spec = read_spec(desired, feats)
     full = read(fs)
+    fs.files_read.clear()
     narrow = read(fs, spec=spec)
+    # counted on the fake: no file outside the spec, none twice
+    assert not fs.files_read or max(fs.files_read.values()) == 1
+    assert [p for p in fs.files_read if kind_of(p)[1] not in getattr(spec, kind_of(p)[0])] == []
     assert narrow == project(full, spec)
     assert plan(desired, narrow, SCOPE, feats) == plan(desired, full, SCOPE, feats)
     # completing a read of the planner's own files gives the same tree
@@ -353,3 +357,38 @@ def test_a_namespace_directory_that_is_not_a_plain_number_is_a_read_error(tmp_pa
     for spec in (read_spec(desired), None):
         with pytest.raises(ReadError, match="plain decimal"):
             read(RealConfigFS(root), spec=spec)
+
+
+def open_fds() -> set[int]:
+    return {int(n) for n in os.listdir("/proc/self/fd")}
+
+
+def test_real_read_each_closes_every_file_in_batches_and_on_errors(tmp_path) -> None:
+    """Files are closed in batches (close_range over runs of consecutive fds): none is
+    left open, after a whole read or a failed one, and no fd that is not the reader's
+    is closed (here: one held open between the reader's)."""
+    from nvmet import configfs
+
+    count = configfs.CLOSE_BATCH * 2 + 5
+    for i in range(count):
+        d = tmp_path / "namespaces" / str(i + 1)
+        d.mkdir(parents=True)
+        for name in ("a", "b"):
+            (d / name).write_text(f"{i}{name}\n")
+    fs = RealConfigFS(tmp_path)
+    before = open_fds()
+    got = fs.read_each("namespaces", [str(i + 1) for i in range(count)], ["a", "b"])
+    assert got == [{"a": f"{i}a", "b": f"{i}b"} for i in range(count)]
+    assert open_fds() == before
+    (tmp_path / "namespaces" / "100" / "b").unlink()
+    (tmp_path / "namespaces" / "100" / "b").mkdir()  # read() of a directory: EISDIR
+    with pytest.raises(IsADirectoryError) as info:
+        fs.read_each("namespaces", [str(i + 1) for i in range(count)], ["a", "b"])
+    assert info.value.filename == "namespaces/100/b"
+    assert open_fds() == before
+    # A run of fds with someone else's fd in the middle: theirs stays open.
+    fds = [os.open(tmp_path / "namespaces/1/a", os.O_RDONLY) for _ in range(3)]
+    keep = fds.pop(1)
+    configfs.close_fds(fds)
+    assert fds == [] and keep in open_fds() and open_fds() == before | {keep}
+    os.close(keep)

@@ -43,7 +43,7 @@ def fake_storage(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempP
     monkeypatch.setattr(device, "ensure_blank", lambda p, purpose, runner: p)
     monkeypatch.setattr(lvm, "ensure_blank", lambda p, purpose, runner: p)
     monkeypatch.setattr(file, "supports_odirect", lambda d: (True, ""))
-    monkeypatch.setattr(file, "filesystem_type", lambda p: "xfs")
+    monkeypatch.setattr(file, "filesystem_type", lambda p, mounts=None: "xfs")
 
 
 def runner(cfg: Config) -> FakeRunner:

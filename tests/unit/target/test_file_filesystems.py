@@ -10,9 +10,10 @@ import yaml
 from agent.config import parse_config
 from agent.config.model import TargetPool
 from agent.system.mounts import filesystem_type
+from agent.target.backings import driver_for
 from agent.target.backings import file as backing_file
 
-from .helpers import context
+from .helpers import config, context, file_pool
 
 HOST = "nqn.2014-08.org.nvmexpress:uuid:2b7e1a3c-0d4f-4b6a-9c1e-5f2a7d9e0b11"
 
@@ -62,7 +63,7 @@ def test_overlay_is_refused_even_with_buffered_io(tmp_path: Path, buffered: bool
     """nvmet exports overlayfs files with 1-byte blocks (seen on 6.1): no opt-in helps."""
     seen: list[Path] = []
 
-    def on_overlay(path: Path) -> str:
+    def on_overlay(path: Path, mounts: object = None) -> str:
         seen.append(path)
         return "overlay"
 
@@ -80,7 +81,7 @@ def test_overlay_is_refused_even_with_buffered_io(tmp_path: Path, buffered: bool
 
 def test_tmpfs_without_odirect_is_refused_unless_buffered(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(backing_file, "filesystem_type", lambda path: "tmpfs")
+    monkeypatch.setattr(backing_file, "filesystem_type", lambda path, mounts=None: "tmpfs")
     monkeypatch.setattr(backing_file, "supports_odirect",
                         lambda d: (False, "open with O_DIRECT failed: Invalid argument"))
     refused = plan_file(pool(tmp_path, False), ["gpu-1"])
@@ -97,3 +98,19 @@ def test_odirect_probe_on_a_real_directory(tmp_path: Path) -> None:
     else:
         assert why.startswith(("open with O_DIRECT failed", "an aligned O_DIRECT write failed"))
     assert list(tmp_path.iterdir()) == [], "the probe file must be removed"
+
+
+def test_a_pass_reads_the_mount_table_once_for_every_file_pool(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """64 file pools: one read of /proc/self/mountinfo per pass, not one per pool."""
+    reads: list[int] = []
+    real = backing_file.read_mounts
+    monkeypatch.setattr(backing_file, "read_mounts", lambda: reads.append(1) or real())
+    cfg = config(tmp_path, [file_pool(tmp_path, name=f"p{i}", count=1) for i in range(8)])
+    ctx = context(cfg)
+    for p in cfg.target.pools:
+        assert not driver_for(p).plan(ctx, p).errors
+    assert reads == [1]
+    ctx = context(cfg)  # a new pass reads it again
+    driver_for(cfg.target.pools[0]).plan(ctx, cfg.target.pools[0])
+    assert reads == [1, 1]

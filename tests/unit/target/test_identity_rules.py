@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from agent.records import TargetRecords
 from nvmet.model import canonical
 
@@ -79,8 +81,10 @@ def test_unexport_first_then_move(target: Target, tmp_path: Path) -> None:
     assert uuid_of(target) != before
 
 
+@pytest.mark.parametrize("link", ["symlink", "hard link"])
 def test_storage_exported_by_another_subsystem_is_not_exported_again(target: Target,
-                                                                      tmp_path: Path) -> None:
+                                                                      tmp_path: Path,
+                                                                      link: str) -> None:
     elsewhere = tmp_path / "by-hand/data.img"
     elsewhere.parent.mkdir()
     elsewhere.write_bytes(b"\0" * (4 << 20))
@@ -90,10 +94,14 @@ def test_storage_exported_by_another_subsystem_is_not_exported_again(target: Tar
     fs.mkdir(hand)
     fs.mkdir(f"{hand}/namespaces/7")
     fs.write(f"{hand}/namespaces/7/device_path", str(elsewhere))
-    # A pool file that is (through a symlink) that very file.
+    # A pool file that is (through a symlink, or a hard link: another name of the same
+    # inode, which no path resolution shows) that very file.
     pool_dir = tmp_path / "files/kv"
     (pool_dir / "gpu-1").mkdir(parents=True)
-    (pool_dir / "gpu-1/ns1.img").symlink_to(elsewhere)
+    if link == "symlink":
+        (pool_dir / "gpu-1/ns1.img").symlink_to(elsewhere)
+    else:
+        (pool_dir / "gpu-1/ns1.img").hardlink_to(elsewhere)
     (pool_dir / ".kvagent-pool.json").write_text(json.dumps(
         {"schema": 2, "pool": "kv", "files": {"gpu-1/ns1.img": {
             "size": 4 << 20, "uuid": "11111111-1111-4111-8111-111111111111",

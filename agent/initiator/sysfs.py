@@ -329,11 +329,33 @@ class Sysfs:
         return [s for s in (self.subsystem(n) for n in names) if s]
 
     def subsystems_of(self, nqn: str) -> list[Subsystem]:
-        """The subsystems (``nvme-subsys<S>``) of NQN ``nqn`` on this host."""
-        root = self.root / "class/nvme-subsystem"
-        names = [n for n in _listdir(root) if _SUBSYS_RE.match(n)
-                 and read_attr(root / n / "subsysnqn") == nqn]
-        return [s for s in (self.subsystem(n) for n in names) if s and s.nqn == nqn]
+        """The subsystems (``nvme-subsys<S>``) of NQN ``nqn`` on this host, read now.
+
+        Found among those that showed ``nqn`` when this reader last looked (as
+        :meth:`subsystem_namespaces` does): one file of every other subsystem per reader,
+        not per pool; when none shows it any more, every subsystem's NQN is read again.
+        """
+        root = f"{self.root}/class/nvme-subsystem"
+        names = [n for n in _listdir(root) if _SUBSYS_RE.match(n)]
+        owners = self._subsystem_owners
+        for n in names:
+            if n not in owners:
+                owners[n] = read_attr(f"{root}/{n}/subsysnqn")
+        found = self._subsystems_showing(nqn, [n for n in names if owners[n] == nqn])
+        if not found:
+            for n in names:
+                owners[n] = read_attr(f"{root}/{n}/subsysnqn")
+            found = self._subsystems_showing(nqn, [n for n in names if owners[n] == nqn])
+        return found
+
+    def _subsystems_showing(self, nqn: str, names: list[str]) -> list[Subsystem]:
+        out = []
+        for n in names:
+            sub = self.subsystem(n)
+            self._subsystem_owners[n] = sub.nqn if sub else None
+            if sub is not None and sub.nqn == nqn:
+                out.append(sub)
+        return out
 
     def set_iopolicy(self, subsystem: str, policy: str) -> None:
         """Write a subsystem's multipath I/O policy; the kernel's refusal (``OSError``,

@@ -65,7 +65,7 @@ def test_a_collect_reads_each_subsystem_once_and_the_controllers_once(
             calls.append(_n), _r(self, *a))[1])
     tables: list[int] = []
     real_table = collect_mod.read_mounts
-    monkeypatch.setattr(collect_mod, "read_mounts", lambda: tables.append(1) or real_table())
+    monkeypatch.setattr(collect_mod, "read_mounts", lambda *a: tables.append(1) or real_table(*a))
     snap = collect(cfg, FakeRunner(), drives=False)
     assert all(p.state == "ok" for p in snap.pools)
     assert sorted(calls) == ["controllers"] + ["subsystem_namespaces"] * len(POOLS)

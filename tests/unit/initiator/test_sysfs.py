@@ -207,3 +207,31 @@ def test_address_host_fields() -> None:
 ])
 def test_normalize_traddr(given: str, canonical: str) -> None:
     assert normalize_traddr(given) == canonical
+
+
+def test_subsystems_of_reads_each_other_subsystem_once_per_reader(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU host has a subsystem per pool and every pool asks for its own (iopolicy,
+    health): one NQN file of each other subsystem per reader, not per pool; a reused name
+    is still found (read live)."""
+    tree = FakeSysfs(tmp_path / "sys")
+    nqns = [f"nqn.2026-11.io.kvagent:stor:kv{i}:gpu" for i in range(8)]
+    for i, nqn in enumerate(nqns):
+        tree.add_subsystem(i, nqn, iopolicy="round-robin" if i % 2 else "numa")
+    reads: list[str] = []
+    real = sysfs_mod.read_attr
+    monkeypatch.setattr(sysfs_mod, "read_attr", lambda p: (
+        reads.append(str(p)) if str(p).endswith("/subsysnqn") else None, real(p))[1])
+    reader = Sysfs(tmp_path / "sys")
+    for i, nqn in enumerate(nqns):
+        (sub,) = reader.subsystems_of(nqn)
+        assert (sub.name, sub.iopolicy) == (f"nvme-subsys{i}",
+                                            "round-robin" if i % 2 else "numa")
+    # 8 on the first look, then each subsystem of its own pool once more (read live)
+    assert len(reads) == 8 + 8, reads
+    # nvme-subsys0 now shows another NQN: found where it is now, not where it was
+    (tmp_path / "sys/devices/virtual/nvme-subsystem/nvme-subsys0/subsysnqn").write_text(
+        nqns[1] + "\n")
+    assert [s.name for s in reader.subsystems_of(nqns[0])] == []
+    assert sorted(s.name for s in reader.subsystems_of(nqns[1])) == [
+        "nvme-subsys0", "nvme-subsys1"]

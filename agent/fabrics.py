@@ -21,14 +21,14 @@ from typing import Any, Protocol
 def canonical_traddr(traddr: str | None) -> str | None:
     """Canonical text of a transport address: IPv4/IPv6 compressed and lower case, brackets
     around an IPv6 address dropped. Other addresses (FC WWNs, PCI addresses, an IPv4
-    address with leading zeros, which Python does not read) are lower-cased as given."""
+    address with leading zeros, which Python does not read) are lower-cased as given.
+    Canonical text is its own canonical text."""
     if traddr is None:
         return None
     text = traddr.strip()
-    if text.startswith("[") and text.endswith("]"):
-        text = text[1:-1]
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
     try:
-        return ipaddress.ip_address(text).compressed.lower()
+        return ipaddress.ip_address(bare).compressed.lower()
     except ValueError:
         return text.lower()
 

@@ -11,6 +11,7 @@ one wanted (:meth:`FabricsAddress.same_endpoint`).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Mapping
@@ -23,8 +24,13 @@ def canonical_traddr(traddr: str | None) -> str | None:
     around an IPv6 address dropped. Other addresses (FC WWNs, PCI addresses, an IPv4
     address with leading zeros, which Python does not read) are lower-cased as given.
     Canonical text is its own canonical text."""
-    if traddr is None:
-        return None
+    return None if traddr is None else _canonical_traddr(traddr)
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical_traddr(traddr: str) -> str:
+    """:func:`canonical_traddr` of a text, remembered: a host sees its few addresses in
+    every controller it reads, every pass."""
     text = traddr.strip()
     bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
     try:
@@ -59,8 +65,8 @@ class FabricsAddress:
     port, and the host side a controller connects from (``host_iface``, ``host_traddr``:
     None where not chosen). Values are normalised on construction, so ``==`` compares
     endpoints and host sides; ``src_addr`` (the local address the kernel picked, shown in
-    sysfs) is kept for reports and never compared. A PCIe controller's address has only
-    its transport.
+    sysfs, kept as the kernel wrote it) is there for reports and never compared. A PCIe
+    controller's address has only its transport.
     """
 
     transport: str
@@ -77,7 +83,7 @@ class FabricsAddress:
         put(self, "trsvcid", canonical_service(self.trsvcid))
         put(self, "host_iface", (self.host_iface or "").strip() or None)
         put(self, "host_traddr", canonical_traddr(self.host_traddr) or None)
-        put(self, "src_addr", canonical_traddr(self.src_addr) or None)
+        put(self, "src_addr", (self.src_addr or "").strip() or None)  # as the kernel wrote it
 
     # -- constructors ---------------------------------------------------------
     @classmethod

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from .fabrics import FabricsAddress
 from .state import StateError, read_json, write_json
 
 SCHEMA = 2
@@ -294,12 +295,32 @@ class FileManifest:
 # ---------------------------------------------------------------- initiator side
 @dataclass(frozen=True)
 class SubsystemPath:
-    """A subsystem of a pool as this GPU host reaches it (one target address)."""
+    """A subsystem of a pool as this GPU host reaches it: one endpoint (no host side).
+
+    Its JSON is flat, as it always was: ``{"subsysnqn", "transport", "traddr", "trsvcid"}``.
+    """
 
     subsysnqn: str
-    transport: str
-    traddr: str
-    trsvcid: str
+    address: FabricsAddress
+
+    _KEYS = ("subsysnqn", "transport", "traddr", "trsvcid")
+
+    def __post_init__(self) -> None:
+        if self.address != self.address.endpoint:
+            raise ValueError(f"a recorded subsystem path has no host side: {self.address}")
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SubsystemPath:
+        unknown = sorted(set(d) - set(cls._KEYS))
+        if unknown:
+            raise TypeError(f"a subsystem path has no {', '.join(unknown)}")
+        return cls(str(d["subsysnqn"]),
+                   FabricsAddress(str(d["transport"]), str(d["traddr"]), str(d["trsvcid"])))
+
+    def to_json(self) -> dict[str, Any]:
+        a = self.address
+        return {"subsysnqn": self.subsysnqn, "transport": a.transport, "traddr": a.traddr,
+                "trsvcid": a.trsvcid}
 
 
 @dataclass(frozen=True)
@@ -351,13 +372,16 @@ class PoolAttachment:
                        for x, m in zip(devices, mounts, strict=True)]
         return cls(hostnqn=str(d["hostnqn"]), layout=layout,
                    shared=bool(d.get("shared", False)),
-                   subsystems=[SubsystemPath(**s) for s in d.get("subsystems", [])],
+                   subsystems=[SubsystemPath.from_json(s) for s in d.get("subsystems", [])],
                    devices=devices, mounts=mounts,
                    created_dirs=list(d.get("created_dirs", [])),
                    complete=bool(d.get("complete", False)),
                    recoveries=[MountRecovery(str(r["mount"]), int(r["count"]),
                                              float(r["last_at"]))
                                for r in d.get("recoveries", [])])
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "subsystems": [s.to_json() for s in self.subsystems]}
 
     def device_mount(self, uuid: str) -> str | None:
         """The directory recorded for the namespace with ``uuid`` (None if none)."""
@@ -390,7 +414,7 @@ class InitiatorRecords:
     @staticmethod
     def save(state_dir: Path | str, pools: Mapping[str, PoolAttachment]) -> None:
         write_json(Path(state_dir) / INITIATOR_FILE, {
-            "schema": SCHEMA, "pools": {n: asdict(p) for n, p in sorted(pools.items())}})
+            "schema": SCHEMA, "pools": {n: p.to_json() for n, p in sorted(pools.items())}})
 
 
 # ---------------------------------------------------------------- other records

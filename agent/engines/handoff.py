@@ -259,7 +259,7 @@ def render_attached(cfg: Config, pool_name: str, kind: str, *, probe_now: bool =
             if [p.path for p in loaded] == mounts:
                 probes, source = loaded, "record"
     if probes is None:
-        transport = record.subsystems[0].transport if record.subsystems else None
+        transport = record.subsystems[0].address.transport if record.subsystems else None
         probes = [probe(m, transport, sysfs=cfg.node.sysfs) for m in mounts]
     caps = engine_capacities(sum(p.total_bytes or 0 for p in probes), pool.engines)
     engine = next(e for e in pool.engines if e.kind == kind)

@@ -254,7 +254,7 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
         paths = tuple(PathAna(p.name, p.ana_state or "unknown", h.nsid)
                       for h in heads.values() if h.subsysnqn == c.subsysnqn
                       for p in h.paths if p.controller == c.name)
-        ctrls.append(ControllerHealth(c.name, pool.name, c.subsysnqn, c.transport,
+        ctrls.append(ControllerHealth(c.name, pool.name, c.subsysnqn, c.address.transport,
                                       c.address.traddr or "", c.address.trsvcid or "",
                                       c.state, paths, policies.get(c.subsysnqn)))
     devices = record.devices

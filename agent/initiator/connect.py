@@ -1,9 +1,11 @@
 """Idempotent NVMe-oF connect and targeted disconnect, plus the discovery helper.
 
-A controller is "ours already" when transport, target address (normalised:
-``::1`` == ``0:0::1``), service, subsystem NQN and host NQN match and its
-state is usable (live, connecting, resetting); ``src_addr`` (the local address
-the kernel picked) is ignored. Then nothing is run. Otherwise ``nvme connect``
+A controller is "ours already" when its address is the target's
+(:meth:`agent.fabrics.FabricsAddress.same_endpoint`: transport, target address and
+service, normalised: ``::1`` == ``0:0::1``; the host interface and address where the
+pool chooses them; never ``src_addr``, the local address the kernel picked) and subsystem
+NQN and host NQN match, and its state is usable (live, connecting, resetting). Then
+nothing is run. Otherwise ``nvme connect``
 runs; transient failures are retried with tenacity (bounded, logged),
 permanent ones raise at once with the kernel's reason.
 
@@ -36,6 +38,7 @@ from tenacity import (
 )
 
 from ..errors import KvagentError
+from ..fabrics import FabricsAddress
 from ..log import get_logger
 from ..naming import parse_subsystem_nqn
 from .nvmecli import (
@@ -46,52 +49,29 @@ from .nvmecli import (
     PermanentConnectError,
     TransientConnectError,
 )
-from .sysfs import Controller, Sysfs, normalize_traddr
+from .sysfs import Controller, Sysfs
 
 log = get_logger("initiator.connect")
 
 
 @dataclass(frozen=True)
 class Target:
-    """Where to connect and as whom."""
+    """Where to connect (the address, with the host side the pool chooses), which
+    subsystem, as whom (host NQN and ID) and with which options."""
 
-    transport: str
-    traddr: str
-    trsvcid: str
+    address: FabricsAddress
     subsysnqn: str
     hostnqn: str
     hostid: str | None = None
     options: FabricsOptions = field(default_factory=FabricsOptions)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "transport", self.transport.lower())
-        object.__setattr__(self, "trsvcid", str(self.trsvcid))
 
     def matches(self, ctrl: Controller) -> bool:
         """Whether ``ctrl`` is a controller for this target and host (any state)."""
         return self.same_port(ctrl) and ctrl.hostnqn == self.hostnqn
 
     def same_port(self, ctrl: Controller) -> bool:
-        """Same transport, address, service and subsystem (host NQN not compared)."""
-        addr = ctrl.address
-        if ctrl.transport.lower() != self.transport or ctrl.subsysnqn != self.subsysnqn:
-            return False
-        if normalize_traddr(addr.traddr) != normalize_traddr(self.traddr):
-            return False
-        if _svc(addr.trsvcid) != _svc(self.trsvcid):
-            return False
-        opts = self.options
-        if opts.host_traddr and normalize_traddr(addr.host_traddr) != normalize_traddr(
-                opts.host_traddr):
-            return False
-        return not (opts.host_iface and addr.host_iface != opts.host_iface)
-
-
-def _svc(value: str | None) -> str | None:
-    if value is None:
-        return None
-    text = value.strip()
-    return str(int(text)) if text.isdigit() else text.lower()
+        """Same subsystem and endpoint (host NQN not compared)."""
+        return ctrl.subsysnqn == self.subsysnqn and self.address.same_endpoint(ctrl.address)
 
 
 @dataclass(frozen=True)
@@ -148,8 +128,10 @@ def connect(target: Target, *, cli: NvmeCli, sysfs: Sysfs, attempts: int = 5,
             return tuple(current)
         others = _other_hosts(target, sysfs)
         try:
-            name = cli.connect(target.transport, target.traddr, target.trsvcid,
+            addr = target.address
+            name = cli.connect(addr.transport, addr.traddr or "", addr.trsvcid or "",
                                target.subsysnqn, hostnqn=target.hostnqn, hostid=target.hostid,
+                               host_iface=addr.host_iface, host_traddr=addr.host_traddr,
                                options=target.options, duplicate=bool(others))
         except AlreadyConnected as exc:
             current = find_controllers(target, sysfs)
@@ -172,7 +154,7 @@ def connect(target: Target, *, cli: NvmeCli, sysfs: Sysfs, attempts: int = 5,
     )
     controllers = retrying(attempt)
     log.info("connected" if made else "already connected", subsysnqn=target.subsysnqn,
-             traddr=target.traddr, trsvcid=target.trsvcid,
+             traddr=target.address.traddr, trsvcid=target.address.trsvcid,
              controllers=[c.name for c in controllers])
     return ConnectResult(controllers, changed=bool(made))
 
@@ -219,7 +201,8 @@ def _held_by_other_host(target: Target, others: list[Controller],
                         exc: AlreadyConnected) -> PermanentConnectError:
     held = ", ".join(f"{c.name} (host NQN {c.hostnqn})" for c in others)
     return PermanentConnectError(
-        f"cannot connect {target.subsysnqn} at {target.traddr}:{target.trsvcid} as "
+        f"cannot connect {target.subsysnqn} at {target.address.traddr}:"
+        f"{target.address.trsvcid} as "
         f"{target.hostnqn}: nvme-cli reports it already connected because {held} holds that "
         "subsystem and port",
         "nvme-cli 2.3 refuses a second host identity on one subsystem and port even with "
@@ -240,7 +223,8 @@ def _settled(target: Target, sysfs: Sysfs, name: str | None, settle: float,
                 return tuple(found)
             raise KvagentError(
                 f"nvme connect reported {name or 'success'} but no controller for "
-                f"{target.subsysnqn} at {target.traddr}:{target.trsvcid} appeared in sysfs",
+                f"{target.subsysnqn} at {target.address.traddr}:{target.address.trsvcid} "
+                "appeared in sysfs",
                 "check dmesg; the controller may have been deleted right away")
         sleep(0.1)
 
@@ -286,7 +270,7 @@ def pool_entries(entries: Iterable[DiscoveryEntry], nqn_prefix: str, pool: str, 
     Duplicates (the same subsystem and port listed twice) are dropped.
     """
     out: list[DiscoveryEntry] = []
-    seen: set[tuple[str, str | None, str | None, str]] = set()
+    seen: set[tuple[FabricsAddress, str]] = set()
     for entry in entries:
         if not entry.is_nvm_subsystem:
             continue
@@ -298,7 +282,7 @@ def pool_entries(entries: Iterable[DiscoveryEntry], nqn_prefix: str, pool: str, 
             continue
         if host is not None and e_host is not None and e_host != host:
             continue
-        key = (entry.trtype, normalize_traddr(entry.traddr), _svc(entry.trsvcid), entry.subnqn)
+        key = (entry.address, entry.subnqn)
         if key in seen:
             continue
         seen.add(key)

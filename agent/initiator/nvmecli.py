@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import KvagentError
+from ..fabrics import FabricsAddress
 from ..log import get_logger
 from ..system.run import CommandResult, CommandTimeout, Runner, default_runner
-from .sysfs import Address
 
 log = get_logger("initiator.nvmecli")
 
@@ -104,11 +104,10 @@ class NvmeCliVersion:
 class DiscoveryEntry:
     """One record of a discovery log page."""
 
-    trtype: str
+    #: its ``trtype``, ``traddr`` and ``trsvcid``
+    address: FabricsAddress
     adrfam: str | None
     subtype: str
-    traddr: str
-    trsvcid: str
     subnqn: str
     portid: int | None = None
     treq: str | None = None
@@ -129,8 +128,8 @@ class SubsysPath:
     """A controller (path) of a subsystem as ``nvme list-subsys`` reports it."""
 
     name: str
-    transport: str | None
-    address: Address
+    #: its ``Transport`` and ``Address`` (as sysfs shows them)
+    address: FabricsAddress
     state: str | None
     ana_state: str | None = None
 
@@ -179,8 +178,6 @@ class FabricsOptions:
     keep_alive_tmo: int | None = None
     nr_io_queues: int | None = None
     queue_size: int | None = None
-    host_iface: str | None = None
-    host_traddr: str | None = None
     #: DH-HMAC-CHAP secrets (DHHC-1 text); never shown (repr, logs: agent.system.run.shown).
     dhchap_secret: str | None = field(default=None, repr=False)
     dhchap_ctrl_secret: str | None = field(default=None, repr=False)
@@ -205,19 +202,19 @@ class FabricsOptions:
             keep_alive_tmo=secs(getattr(cfg, "keep_alive_tmo", None)),
             nr_io_queues=getattr(cfg, "nr_io_queues", None),
             queue_size=getattr(cfg, "queue_size", None),
-            host_iface=getattr(cfg, "host_iface", None),
-            host_traddr=(str(cfg.host_traddr) if getattr(cfg, "host_traddr", None) else None),
         )
 
-    def argv(self) -> list[str]:
+    def argv(self, host_iface: str | None = None, host_traddr: str | None = None) -> list[str]:
+        """The options as ``nvme connect`` arguments, with the host side of the address
+        connected to (``--host-iface``, ``--host-traddr``) among them."""
         out: list[str] = []
         for flag, value in (("--ctrl-loss-tmo", self.ctrl_loss_tmo),
                             ("--reconnect-delay", self.reconnect_delay),
                             ("--keep-alive-tmo", self.keep_alive_tmo),
                             ("--nr-io-queues", self.nr_io_queues),
                             ("--queue-size", self.queue_size),
-                            ("--host-iface", self.host_iface),
-                            ("--host-traddr", self.host_traddr),
+                            ("--host-iface", host_iface),
+                            ("--host-traddr", host_traddr),
                             ("--dhchap-secret", self.dhchap_secret),
                             ("--dhchap-ctrl-secret", self.dhchap_ctrl_secret)):
             if value is not None:
@@ -291,16 +288,18 @@ def parse_discover(text: str) -> list[DiscoveryEntry]:
     data = extract_json(text)
     records = _get(data, "records") if isinstance(data, Mapping) else data
     out = []
-    for rec in _list(records):
-        traddr, subnqn = _str(_get(rec, "traddr")), _str(_get(rec, "subnqn"))
+    for item in _list(records):
+        if not isinstance(item, Mapping):
+            continue
+        rec = {str(k).lower(): v for k, v in item.items()}
+        traddr, subnqn = _str(rec.get("traddr")), _str(rec.get("subnqn"))
         if not traddr or not subnqn:
             continue
         out.append(DiscoveryEntry(
-            trtype=(_str(_get(rec, "trtype")) or "").lower(), adrfam=_str(_get(rec, "adrfam")),
-            subtype=_str(_get(rec, "subtype")) or "", traddr=traddr,
-            trsvcid=_str(_get(rec, "trsvcid")) or "", subnqn=subnqn,
-            portid=_int(_get(rec, "portid")), treq=_str(_get(rec, "treq")),
-            sectype=_str(_get(rec, "sectype")), eflags=_str(_get(rec, "eflags")),
+            address=FabricsAddress.from_discovery(rec), adrfam=_str(rec.get("adrfam")),
+            subtype=_str(rec.get("subtype")) or "", subnqn=subnqn,
+            portid=_int(rec.get("portid")), treq=_str(rec.get("treq")),
+            sectype=_str(rec.get("sectype")), eflags=_str(rec.get("eflags")),
         ))
     return out
 
@@ -323,8 +322,8 @@ def _paths(items: Any) -> tuple[SubsysPath, ...]:
         if not name:
             continue
         out.append(SubsysPath(
-            name=name, transport=_str(_get(p, "Transport")),
-            address=Address.parse(_str(_get(p, "Address")) or ""),
+            name=name, address=FabricsAddress.from_sysfs(_str(_get(p, "Transport")) or "",
+                                                         _str(_get(p, "Address")) or ""),
             state=_str(_get(p, "State")), ana_state=_str(_get(p, "ANAState")),
         ))
     return tuple(out)
@@ -694,6 +693,7 @@ class NvmeCli:
 
     def connect(self, transport: str, traddr: str, trsvcid: str | int, subsysnqn: str, *,
                 hostnqn: str | None = None, hostid: str | None = None,
+                host_iface: str | None = None, host_traddr: str | None = None,
                 options: FabricsOptions | None = None,
                 duplicate: bool = False) -> str | None:
         """``nvme connect``; returns the new controller's name when nvme-cli reports it.
@@ -705,7 +705,7 @@ class NvmeCli:
         opts = options or FabricsOptions()
         argv = [NVME, "connect", "--transport", transport, "--traddr", traddr,
                 "--trsvcid", str(trsvcid), "--nqn", subsysnqn,
-                *self._host_args(hostnqn, hostid), *opts.argv()]
+                *self._host_args(hostnqn, hostid), *opts.argv(host_iface, host_traddr)]
         if duplicate:
             argv.append("--duplicate-connect")
         argv += ["--output-format", "json"]

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from nvmet.ids import read_host_identity
 
@@ -35,6 +36,7 @@ from .. import progress
 from ..config.model import XFS_MIN_BYTES, Config, InitiatorPool
 from ..dhchap import read_secret
 from ..errors import KvagentError
+from ..fabrics import FabricsAddress
 from ..log import get_logger
 from ..naming import filesystem_uuid, parse_subsystem_nqn
 from ..records import AttachedDevice, InitiatorRecords, PoolAttachment, SubsystemPath
@@ -79,7 +81,6 @@ from .timeouts import Timeouts, drift, fix, unsupported
 from .xfsmount import Geometry, geometry, grow, is_shut_down, needs_growth
 
 log = get_logger("initiator")
-Attachment = SubsystemPath
 #: What this pass did to a mount that makes the recorded probes (and the engines'
 #: capacity caps, sized from them) stale: the engines' hand-off probes again.
 REMOUNT_KINDS = frozenset({"mkfs.xfs", "mount", "lvm.striped", "xfs.grow", "xfs.recover"})
@@ -100,6 +101,16 @@ class HostSeams:
     shut_down: Callable[[str], bool] = is_shut_down
     geometry: Callable[[str], Geometry] = geometry
     users: Callable[[str], list[MountUser]] = mount_users
+
+
+class Volume(NamedTuple):
+    """A block device of a pool that gets an xfs, and the directory it is mounted on."""
+
+    device: str
+    fs_uuid: str
+    mount: str
+    index: int  # its xfs label's number
+    size: int | None  # the namespace's bytes (None: a striped volume, never grown)
 
 
 @dataclass(frozen=True)
@@ -271,11 +282,13 @@ class InitiatorPass:
 
     # ------------------------------------------------------------------ attach
     def _discover(self, pool: InitiatorPool, hostnqn: str,
-                  hostid: str | None) -> list[Attachment]:
-        found: list[Attachment] = []
+                  hostid: str | None) -> list[SubsystemPath]:
+        """The pool's subsystems, each at the target it was configured or discovered at."""
+        found: list[SubsystemPath] = []
         for t in pool.targets:
+            address = FabricsAddress.from_config(t)
             if t.subsystem:
-                found.append(Attachment(t.subsystem, t.transport, t.address, str(t.service)))
+                found.append(SubsystemPath(t.subsystem, address))
                 continue
             if pool.tls is not None:
                 self._tls_psk(pool, hostnqn, DISCOVERY_NQN)
@@ -287,13 +300,13 @@ class InitiatorPass:
             mine = pool_entries(entries, self.cfg.node.nqn_prefix, pool.name)
             if not mine:
                 raise KvagentError(
-                    f"the storage host at {t.transport} {t.address}:{t.service} offers no "
+                    f"the storage host at {address.describe()} offers no "
                     f"subsystem of pool {pool.name!r} to this host ({hostnqn})",
                     f"list this host (name {self.cfg.node.name}, NQN {hostnqn}) in the pool's "
                     "hosts on the storage host and apply there; check node.nqn_prefix matches")
             for e in sorted(mine, key=lambda e: e.subnqn):
                 self._check_host_name(pool, e.subnqn, hostnqn)
-                found.append(Attachment(e.subnqn, t.transport, t.address, str(t.service)))
+                found.append(SubsystemPath(e.subnqn, address))
         return found
 
     def _check_host_name(self, pool: InitiatorPool, subsysnqn: str, hostnqn: str) -> None:
@@ -324,8 +337,8 @@ class InitiatorPass:
             self._act(pool.name, "tls-psk", f"{hostnqn} {subsysnqn}",
                       f"TLS PSK {psk.fingerprint} into the .nvme keyring")
 
-    def _check_shared(self, pool: InitiatorPool, attachments: list[Attachment]) -> None:
-        for a in attachments:
+    def _check_shared(self, pool: InitiatorPool, paths: list[SubsystemPath]) -> None:
+        for a in paths:
             parsed = parse_subsystem_nqn(self.cfg.node.nqn_prefix, a.subsysnqn)
             if parsed is not None and parsed[2] is None and not pool.shared:
                 raise KvagentError(
@@ -336,10 +349,11 @@ class InitiatorPass:
 
     def _attach(self, pool: InitiatorPool, hostnqn: str, hostid: str | None,
                 box: list[PoolAttachment], old: PoolAttachment | None) -> MountedPool | None:
-        """Attach ``pool``, filling its record (put in ``box``) as things are done; the
-        record is kept even on failure."""
+        """Attach ``pool``: connect, find its namespaces, make their filesystems (blank
+        devices only) and mount them. Its record (put in ``box``) is filled as things are
+        done and kept even on failure."""
         try:
-            attachments = self._discover(pool, hostnqn, hostid)
+            paths = self._discover(pool, hostnqn, hostid)
         except KvagentError as exc:
             if not self.dry_run:
                 raise
@@ -347,28 +361,55 @@ class InitiatorPass:
             self._act(pool.name, "nvme.connect", pool.name,
                       f"after discovery; not possible to check now: {exc.message}")
             return None
-        self._check_shared(pool, attachments)
+        self._check_shared(pool, paths)
         thp = thp_mode()
-        for a in attachments:
-            warning = loopback_tcp_warning(a.transport, a.traddr, thp)
+        for a in paths:
+            warning = loopback_tcp_warning(a.address.transport, a.address.traddr, thp)
             if warning:
                 log.warning(warning, pool=pool.name)
         record = PoolAttachment(hostnqn, pool.layout, pool.shared,
                                 recoveries=list(old.recoveries) if old is not None else [])
         box.append(record)
+        connected = self._connect(pool, paths, hostnqn, hostid, record)
+        if connected is None:
+            return None  # planning: what follows needs the connect first
+        devices = self._find(pool, connected, record, old)
+        mounted = None
+        if not pool.shared:
+            volumes = self._volumes(pool, hostnqn, devices, record)
+            for volume in volumes:
+                self._filesystem(pool, volume)
+                self._mount(pool, volume, record)
+            if not self.dry_run:
+                remounted = any(
+                    a.pool == pool.name and a.status == "done" and a.kind in REMOUNT_KINDS
+                    for a in self.result.actions)
+                mounted = MountedPool(pool, tuple(v.mount for v in volumes),
+                                      paths[0].address.transport, remounted)
+        if old is not None:
+            self._drop_stale(pool.name, old, record)
+        record.complete = True
+        return mounted
+
+    def _connect(self, pool: InitiatorPool, paths: list[SubsystemPath], hostnqn: str,
+                 hostid: str | None, record: PoolAttachment
+                 ) -> dict[str, list[Controller]] | None:
+        """Connect every path of the pool (each recorded first) and keep the controllers'
+        timeouts and the pool's I/O policy: the controllers of each subsystem reached.
+        A path that fails is the pool's error when another reaches its subsystem, else the
+        attach's. Planning returns None at the first path not connected yet."""
         options = dataclasses.replace(
             with_secrets(FabricsOptions.from_config(pool.connect), pool),
             tls=pool.tls is not None)
         timeouts = Timeouts.from_options(options)
-        wait = self.cfg.initiator.device_wait if self.cfg.initiator else 30.0
         connected: dict[str, list[Controller]] = {}
         path_errors: list[tuple[str, ConnectError]] = []
-        for a in attachments:
-            target = Target(a.transport, a.traddr, a.trsvcid, a.subsysnqn, hostnqn, hostid,
-                            options)
+        for a in paths:
+            target = Target(a.address.with_host(pool.connect.host_iface,
+                                                pool.connect.host_traddr),
+                            a.subsysnqn, hostnqn, hostid, options)
             if self.dry_run and not find_controllers(target, self.sysfs):
-                self._act(pool.name, "nvme.connect", a.subsysnqn,
-                          f"{a.transport} {a.traddr}:{a.trsvcid}")
+                self._act(pool.name, "nvme.connect", a.subsysnqn, a.address.describe())
                 self._act(pool.name, "attach", pool.mount,
                           "find namespaces, make xfs if blank, mount, probe, engines")
                 return None
@@ -388,8 +429,7 @@ class InitiatorPass:
                 continue
             connected.setdefault(a.subsysnqn, []).extend(res.controllers)
             if res.changed:
-                self._act(pool.name, "nvme.connect", a.subsysnqn,
-                          f"{a.transport} {a.traddr}:{a.trsvcid}")
+                self._act(pool.name, "nvme.connect", a.subsysnqn, a.address.describe())
             self._keep_timeouts(pool, res.controllers, timeouts)
         for nqn, exc in path_errors:
             if nqn not in connected:
@@ -398,6 +438,13 @@ class InitiatorPass:
             self.result.error("initiator", pool.name, exc.message, exc.hint)
         if pool.iopolicy is not None:
             self._iopolicy(pool, pool.iopolicy, list(connected))
+        return connected
+
+    def _find(self, pool: InitiatorPool, connected: dict[str, list[Controller]],
+              record: PoolAttachment, old: PoolAttachment | None) -> list[NamespaceDevice]:
+        """Each connected subsystem's namespaces, once a controller is live and their block
+        devices are there (recorded, each with the directory it is mounted on)."""
+        wait = self.cfg.initiator.device_wait if self.cfg.initiator else 30.0
         devices: list[NamespaceDevice] = []
         for nqn, controllers in connected.items():
             ctrl = self._live_controller(nqn, controllers, wait)
@@ -421,18 +468,7 @@ class InitiatorPass:
             record.devices = [dataclasses.replace(a, mount=m)
                               for a, m in zip(record.devices, mounts, strict=True)]
         self._checkpoint()
-        mounted = None
-        if not pool.shared:
-            mounts = self._filesystems(pool, hostnqn, devices, record)
-            if not self.dry_run:
-                remounted = any(
-                    a.pool == pool.name and a.status == "done" and a.kind in REMOUNT_KINDS
-                    for a in self.result.actions)
-                mounted = MountedPool(pool, tuple(mounts), attachments[0].transport, remounted)
-        if old is not None:
-            self._drop_stale(pool.name, old, record)
-        record.complete = True
-        return mounted
+        return devices
 
     def _iopolicy(self, pool: InitiatorPool, policy: str, nqns: list[str]) -> None:
         """The pool's multipath I/O policy on each of its subsystems (sysfs: read, compare,
@@ -505,7 +541,8 @@ class InitiatorPass:
             if live:
                 return live[0]
             if self.seams.clock() >= deadline:
-                states = ", ".join(f"{c.name} {c.state} ({c.transport} {c.address.traddr})"
+                states = ", ".join(f"{c.name} {c.state} ({c.address.transport} "
+                                   f"{c.address.traddr})"
                                    for c in current) or "gone"
                 raise KvagentError(
                     f"no live controller for {nqn} after {wait:g}s: {states}",
@@ -514,53 +551,61 @@ class InitiatorPass:
             self.seams.sleep(0.2)
             current = [c for n in names if (c := self.sysfs.controller(n)) is not None]
 
-    def _filesystems(self, pool: InitiatorPool, hostnqn: str,
-                     devices: list[NamespaceDevice], record: PoolAttachment) -> list[str]:
+    def _volumes(self, pool: InitiatorPool, hostnqn: str, devices: list[NamespaceDevice],
+                 record: PoolAttachment) -> list[Volume]:
+        """What gets a filesystem and where it is mounted: each namespace on its recorded
+        directory, or the striped volume (made here) on the pool's mount. The mounts are
+        recorded first."""
         if pool.layout == "striped":
             total = sum(d.size_bytes or 0 for d in devices)
             uuids = ",".join(sorted(d.uuid for d in devices))
             fs_uuid = str(filesystem_uuid(hostnqn, f"striped:{pool.name}:{uuids}"))
             self._check_size(pool, "the striped volume", total)
-            mounts = [pool.mount]
-            record.mounts = list(mounts)
+            record.mounts = [pool.mount]
             self._checkpoint()
-            pairs = [(self._striped(pool, devices), fs_uuid, mounts[0], 1, None)]
-        else:
-            for d in devices:
-                self._check_size(pool, f"{d.device} (nsid {d.nsid})", d.size_bytes)
-            where = {(a.subsysnqn, a.nsid): a.mount for a in record.devices}
-            mounts = [str(where[(d.subsysnqn, d.nsid)]) for d in devices]
-            record.mounts = list(mounts)
-            self._checkpoint()
-            pairs = [(d.device, str(filesystem_uuid(hostnqn, d.uuid)), m, i, d.size_bytes)
-                     for i, (d, m) in enumerate(zip(devices, mounts, strict=True), 1)]
-        for device, fs_uuid, mount, index, size in pairs:
-            if self.dry_run:
-                fresh = pool.layout == "striped" and not self.seams.exists(device)
-                if fresh or needs_filesystem(probe_content(device, self.runner,
-                                                           exists=self.seams.exists), fs_uuid):
-                    self._act(pool.name, "mkfs.xfs", device, f"uuid {fs_uuid}")
-                if mounted_at(mount, self.seams.mountinfo) is None:
-                    self._act(pool.name, "mount", mount, device)
-                else:
-                    self._mounted(pool, device, mount, size, record)
-                continue
-            if ensure_filesystem(device, fs_uuid, xfs_label(pool.name, index), self.runner,
-                                 superblock=self.seams.superblock, exists=self.seams.exists):
-                self._act(pool.name, "mkfs.xfs", device, f"uuid {fs_uuid}")
-            if mounted_at(mount, self.seams.mountinfo) is None:
-                missing = missing_dirs(mount)
-                if missing:
-                    record.created_dirs += missing  # recorded before they are made
-                    self._checkpoint()
-                create_mount_point(mount)
-            options = with_project_quota(pool.mount_options)
-            if ensure_mounted(device, mount, options, self.runner, self.seams.mountinfo,
-                              self.seams.devnum, timeout=QUOTACHECK_TIMEOUT
-                              if wants_project_quota(options) else 120):
-                self._act(pool.name, "mount", mount, device)
-            self._mounted(pool, device, mount, size, record)
-        return mounts
+            return [Volume(self._striped(pool, devices), fs_uuid, pool.mount, 1, None)]
+        for d in devices:
+            self._check_size(pool, f"{d.device} (nsid {d.nsid})", d.size_bytes)
+        where = {(a.subsysnqn, a.nsid): a.mount for a in record.devices}
+        mounts = [str(where[(d.subsysnqn, d.nsid)]) for d in devices]
+        record.mounts = list(mounts)
+        self._checkpoint()
+        return [Volume(d.device, str(filesystem_uuid(hostnqn, d.uuid)), m, i, d.size_bytes)
+                for i, (d, m) in enumerate(zip(devices, mounts, strict=True), 1)]
+
+    def _filesystem(self, pool: InitiatorPool, v: Volume) -> None:
+        """xfs on a blank device (a device with this host's own xfs is kept as it is)."""
+        if self.dry_run:
+            fresh = pool.layout == "striped" and not self.seams.exists(v.device)
+            if fresh or needs_filesystem(probe_content(v.device, self.runner,
+                                                       exists=self.seams.exists), v.fs_uuid):
+                self._act(pool.name, "mkfs.xfs", v.device, f"uuid {v.fs_uuid}")
+            return
+        if ensure_filesystem(v.device, v.fs_uuid, xfs_label(pool.name, v.index), self.runner,
+                             superblock=self.seams.superblock, exists=self.seams.exists):
+            self._act(pool.name, "mkfs.xfs", v.device, f"uuid {v.fs_uuid}")
+
+    def _mount(self, pool: InitiatorPool, v: Volume, record: PoolAttachment) -> None:
+        """``v`` mounted on its directory (made and recorded when missing); a mounted one
+        recovered or grown where needed (:meth:`_mounted`)."""
+        if self.dry_run:
+            if mounted_at(v.mount, self.seams.mountinfo) is None:
+                self._act(pool.name, "mount", v.mount, v.device)
+            else:
+                self._mounted(pool, v.device, v.mount, v.size, record)
+            return
+        if mounted_at(v.mount, self.seams.mountinfo) is None:
+            missing = missing_dirs(v.mount)
+            if missing:
+                record.created_dirs += missing  # recorded before they are made
+                self._checkpoint()
+            create_mount_point(v.mount)
+        options = with_project_quota(pool.mount_options)
+        if ensure_mounted(v.device, v.mount, options, self.runner, self.seams.mountinfo,
+                          self.seams.devnum, timeout=QUOTACHECK_TIMEOUT
+                          if wants_project_quota(options) else 120):
+            self._act(pool.name, "mount", v.mount, v.device)
+        self._mounted(pool, v.device, v.mount, v.size, record)
 
     def _remount_for_quota(self, pool: InitiatorPool, device: str, mount: str) -> None:
         """A pool mounted without project quotas (by an older kvagent) is unmounted and

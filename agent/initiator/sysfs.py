@@ -24,11 +24,12 @@ tests/unit/initiator/fixtures/sysfs-6.1/):
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..fabrics import FabricsAddress
 
 #: Controller states in which a controller is (or will soon be) usable.
 USABLE_STATES = frozenset({"live", "connecting", "resetting"})
@@ -100,60 +101,13 @@ def _listdir(path: Path | str) -> list[str]:
         return []
 
 
-def normalize_traddr(traddr: str | None) -> str | None:
-    """Canonical form of a transport address: IPv4/IPv6 compressed and lower case.
-
-    Non-IP addresses (FC WWNs, PCI addresses) are lower-cased and returned as given.
-    """
-    if traddr is None:
-        return None
-    text = traddr.strip()
-    if text.startswith("[") and text.endswith("]"):
-        text = text[1:-1]
-    try:
-        return ipaddress.ip_address(text).compressed.lower()
-    except ValueError:
-        return text.lower()
-
-
-@dataclass(frozen=True)
-class Address:
-    """A controller's ``address`` attribute, parsed (``traddr=…,trsvcid=…[,src_addr=…]``)."""
-
-    raw: str
-    traddr: str | None = None
-    trsvcid: str | None = None
-    src_addr: str | None = None
-    host_traddr: str | None = None
-    host_iface: str | None = None
-
-    @classmethod
-    def parse(cls, raw: str) -> Address:
-        """Parse key=value pairs separated by ',' (or spaces, as very old kernels wrote).
-
-        A PCIe controller's address is a bare PCI address; it keeps only ``raw``.
-        """
-        fields: dict[str, str] = {}
-        for part in re.split(r"[,\s]+", raw.strip()):
-            key, sep, value = part.partition("=")
-            if sep and key:
-                fields[key.strip()] = value.strip()
-        return cls(raw=raw.strip(), traddr=fields.get("traddr"), trsvcid=fields.get("trsvcid"),
-                   src_addr=fields.get("src_addr"), host_traddr=fields.get("host_traddr"),
-                   host_iface=fields.get("host_iface"))
-
-    @property
-    def normalized_traddr(self) -> str | None:
-        return normalize_traddr(self.traddr)
-
-
 @dataclass(frozen=True)
 class Controller:
     """One NVMe controller as sysfs shows it."""
 
     name: str
-    transport: str
-    address: Address
+    #: its ``transport`` and ``address`` attributes
+    address: FabricsAddress
     state: str
     subsysnqn: str
     hostnqn: str | None = None
@@ -168,7 +122,7 @@ class Controller:
 
     @property
     def is_fabrics(self) -> bool:
-        return self.transport in FABRICS_TRANSPORTS
+        return self.address.transport in FABRICS_TRANSPORTS
 
     @property
     def usable(self) -> bool:
@@ -257,7 +211,7 @@ class Sysfs:
         if transport is None or address is None or state is None or subsysnqn is None:
             return None
         return Controller(
-            name=name, transport=transport, address=Address.parse(address), state=state,
+            name=name, address=FabricsAddress.from_sysfs(transport, address), state=state,
             subsysnqn=subsysnqn, hostnqn=read_attr(f"{d}/hostnqn"),
             hostid=read_attr(f"{d}/hostid"), cntlid=_read_int(f"{d}/cntlid"),
             ctrl_loss_tmo=read_attr(f"{d}/ctrl_loss_tmo"),

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.fabrics import FabricsAddress
 from agent.initiator.connect import Target, connect, disconnect_controllers, pool_entries
 from agent.initiator.devices import wait_for_namespaces
 from agent.initiator.identity import UUID_NQN_PREFIX, ensure_host_identity
@@ -100,12 +101,12 @@ def test_tcp_discover_connect_find_refuse_disconnect(nullb) -> None:
         log = cli.discover("tcp", "127.0.0.1", 4420, hostnqn=hostnqn, hostid=hostid)
         assert {e.subnqn for e in log if e.is_nvm_subsystem} == {MINE}
         [entry] = pool_entries(log, PREFIX, "kpool", host="gpu0")
-        mine = Target("tcp", entry.traddr, entry.trsvcid, entry.subnqn, hostnqn, hostid,
+        mine = Target(entry.address, entry.subnqn, hostnqn, hostid,
                       FabricsOptions(ctrl_loss_tmo=-1, reconnect_delay=2))
 
         # Another host identity, not in allowed_hosts: refused by the kernel, not retried.
-        stranger = Target("tcp", "127.0.0.1", "4420", MINE, UUID_NQN_PREFIX + str(uuid.uuid4()),
-                          str(uuid.uuid4()))
+        stranger = Target(FabricsAddress("tcp", "127.0.0.1", "4420"), MINE,
+                          UUID_NQN_PREFIX + str(uuid.uuid4()), str(uuid.uuid4()))
         sleeps: list[float] = []
         with pytest.raises(PermanentConnectError) as refused:
             connect(stranger, cli=cli, sysfs=sysfs, attempts=3, sleep=sleeps.append)
@@ -116,13 +117,13 @@ def test_tcp_discover_connect_find_refuse_disconnect(nullb) -> None:
         assert not kit.controllers_for(MINE)
 
         # Nothing listening on that service: transient, retried, then given up.
-        nowhere = Target("tcp", "127.0.0.1", "4999", MINE, hostnqn, hostid)
+        nowhere = Target(FabricsAddress("tcp", "127.0.0.1", "4999"), MINE, hostnqn, hostid)
         with pytest.raises(TransientConnectError, match="Connection refused"):
             connect(nowhere, cli=cli, sysfs=sysfs, attempts=2, wait_initial=0.1, wait_max=0.1)
 
         first = connect(mine, cli=cli, sysfs=sysfs)
-        second = connect(Target("tcp", "127.0.0.1", "4420", MINE, hostnqn, hostid), cli=cli,
-                         sysfs=sysfs)
+        second = connect(Target(FabricsAddress("tcp", "127.0.0.1", "4420"), MINE, hostnqn,
+                                hostid), cli=cli, sysfs=sysfs)
         assert first.changed and not second.changed
         [ctrl] = first.controllers
         assert [c.name for c in second.controllers] == [ctrl.name]
@@ -151,10 +152,10 @@ def test_tcp_discover_connect_find_refuse_disconnect(nullb) -> None:
 def test_rdma_connect_and_find(nullb, rxe) -> None:
     cli, sysfs, hostnqn, hostid = setup_host()
     with far_end("rdma", rxe.address, nullb(64), hostnqn, port_id=12):
-        result = connect(Target("rdma", rxe.address, "4420", MINE, hostnqn, hostid),
-                         cli=cli, sysfs=sysfs)
+        result = connect(Target(FabricsAddress("rdma", rxe.address, "4420"), MINE, hostnqn,
+                                hostid), cli=cli, sysfs=sysfs)
         [ctrl] = result.controllers
-        assert ctrl.transport == "rdma" and result.changed
+        assert ctrl.address.transport == "rdma" and result.changed
         [dev] = wait_for_namespaces(sysfs, MINE, [1], timeout=30)
         assert dev.device == kit.block_by_uuid(namespace_uuid(MINE, 1))
         assert disconnect_controllers(MINE, hostnqn, cli=cli, sysfs=sysfs) == [ctrl.name]

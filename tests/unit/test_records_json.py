@@ -1,13 +1,18 @@
-"""A binding's JSON is exactly ``dataclasses.asdict`` (written out for speed): the records
-file stays the same."""
+"""A binding's JSON is exactly ``dataclasses.asdict`` (written out for speed), and
+``initiator.json``'s subsystem paths are the flat objects they always were: the records
+files stay the same."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, fields
+from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent.fabrics import FabricsAddress
 from agent.records import Binding, Storage
 
 text = st.text(max_size=12)
@@ -57,3 +62,58 @@ def test_an_attachment_round_trips_with_its_recoveries(tmp_path) -> None:
         ("/srv/kv/a-ns1", 1, 200.0), ("/srv/kv/b-ns1", 2, 300.0)]
     InitiatorRecords.save(tmp_path, {"kv": rec})
     assert InitiatorRecords.load(tmp_path) == {"kv": rec}
+
+
+# ------------------------------------------------------------ initiator.json subsystems
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_initiator_json_reads_and_writes_back_byte_for_byte(tmp_path: Path) -> None:
+    """``initiator-schema2.json`` was written by ``InitiatorRecords.save`` before the
+    subsystem paths held a FabricsAddress (main at e6e8304): the same file comes back."""
+    from agent.records import InitiatorRecords
+
+    original = (FIXTURES / "initiator-schema2.json").read_bytes()
+    (tmp_path / "initiator.json").write_bytes(original)
+    pools = InitiatorRecords.load(tmp_path)
+    [first, *_] = pools["kv"].subsystems
+    assert first.address == FabricsAddress("rdma", "fd00:10::1", "4420")
+    out = tmp_path / "out"
+    InitiatorRecords.save(out, pools)
+    assert (out / "initiator.json").read_bytes() == original
+    assert InitiatorRecords.load(out) == pools
+
+
+nqns = st.from_regex(r"nqn\.2026-11\.io\.kvagent:[a-z0-9-]{1,8}:[a-z0-9]{1,6}(:[a-z0-9]{1,6})?",
+                     fullmatch=True)
+endpoints = st.builds(FabricsAddress, st.sampled_from(["tcp", "rdma"]),
+                      st.one_of(st.ip_addresses(v=4), st.ip_addresses(v=6)).map(str),
+                      st.integers(1, 65535).map(str))
+
+
+@given(nqns, endpoints)
+def test_a_subsystem_path_is_flat_json_as_it_always_was(nqn: str, a: FabricsAddress) -> None:
+    from agent.records import SubsystemPath
+
+    path = SubsystemPath(nqn, a)
+    assert path.to_json() == {"subsysnqn": nqn, "transport": a.transport, "traddr": a.traddr,
+                              "trsvcid": a.trsvcid}
+    assert SubsystemPath.from_json(path.to_json()) == path
+
+
+def test_a_subsystem_path_records_no_host_side() -> None:
+    from agent.records import SubsystemPath
+
+    with pytest.raises(ValueError, match="no host side"):
+        SubsystemPath("nqn.x", FabricsAddress("tcp", "10.0.0.1", "4420", host_iface="eth1"))
+
+
+def test_a_subsystem_path_with_unknown_fields_is_malformed(tmp_path: Path) -> None:
+    from agent.records import INITIATOR_FILE, InitiatorRecords, RecordError
+
+    sub = {"subsysnqn": "n", "transport": "tcp", "traddr": "10.0.0.1", "trsvcid": "4420",
+           "host_iface": "eth1"}
+    (tmp_path / INITIATOR_FILE).write_text(json.dumps(
+        {"schema": 2, "pools": {"kv": {"hostnqn": "h", "subsystems": [sub]}}}))
+    with pytest.raises(RecordError, match="malformed"):
+        InitiatorRecords.load(tmp_path)

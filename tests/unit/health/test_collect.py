@@ -102,6 +102,7 @@ def test_a_pools_errors_in_the_last_apply_degrade_it(tmp_path: Path) -> None:
 
 def test_a_shut_down_xfs_is_a_problem_and_recoveries_come_from_the_records(
         tmp_path: Path) -> None:
+    from agent.fabrics import FabricsAddress
     from agent.records import (
         AttachedDevice,
         InitiatorRecords,
@@ -127,7 +128,7 @@ def test_a_shut_down_xfs_is_a_problem_and_recoveries_come_from_the_records(
         fake.add_namespace(2, i, f"0000000{i}-0000-4000-8000-000000000000",
                            paths=((2, "optimized"),))
     InitiatorRecords.save(cfg.node.state_dir, {"kv": PoolAttachment(
-        HOST, subsystems=[SubsystemPath(nqn, "tcp", "10.0.0.1", "4420")],
+        HOST, subsystems=[SubsystemPath(nqn, FabricsAddress("tcp", "10.0.0.1", "4420"))],
         devices=[AttachedDevice(nqn, i, f"0000000{i}-0000-4000-8000-000000000000",
                                 f"/dev/nvme2n{i}", mounts[i - 1]) for i in (1, 2)],
         mounts=mounts, complete=True,

@@ -9,6 +9,7 @@ from pathlib import Path
 import jsonschema
 
 from agent.config import parse_config
+from agent.fabrics import FabricsAddress
 from agent.health.collect import _initiator_pool
 from agent.health.status import load_status_schema, render_status_text, to_status_json
 from agent.initiator.sysfs import Sysfs
@@ -55,7 +56,8 @@ initiator:
        iopolicy: round-robin}}
 """)
     record = PoolAttachment(HOST, "per-namespace", False,
-                            subsystems=[SubsystemPath(nqn, "tcp", "10.0.0.1", "4420")])
+                            subsystems=[SubsystemPath(nqn, FabricsAddress("tcp", "10.0.0.1",
+                                                                          "4420"))])
     _, ctrls = _initiator_pool(cfg, cfg.initiator.pools[0], record, Sysfs(tmp_path / "sys"),
                                XfsQuota())
     assert [(c.name, c.iopolicy) for c in ctrls] == [("nvme1", "round-robin"),

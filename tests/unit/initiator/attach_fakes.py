@@ -215,9 +215,14 @@ node:
         self.next_ctrl += 1
         delay = int(self.opt(argv, "--reconnect-delay") or 10)
         loss = int(self.opt(argv, "--ctrl-loss-tmo") or 600)
+        # The kernel shows the host side it was given (nvmf_get_address), then src_addr.
+        host_side = "".join(f",{key}={value}" for key, flag in (
+            ("host_traddr", "--host-traddr"), ("host_iface", "--host-iface"))
+            if (value := self.opt(argv, flag)) is not None)
         self.sys.add_controller(inst, subsysnqn=nqn, hostnqn=self.opt(argv, "--hostnqn"),
                                 hostid=self.opt(argv, "--hostid"), transport="tcp",
-                                address=f"traddr={traddr},trsvcid=4420,src_addr=10.0.0.9",
+                                address=f"traddr={traddr},trsvcid=4420{host_side},"
+                                        "src_addr=10.0.0.9",
                                 ctrl_loss_tmo="off" if loss < 0 else -(-loss // delay) * delay,
                                 reconnect_delay=delay, fast_io_fail_tmo="off")
         first = next((c for c in self.sysfs.controllers()

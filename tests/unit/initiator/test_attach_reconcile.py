@@ -14,6 +14,7 @@ import pytest
 
 from agent import failpoints
 from agent.engines.handoff import forget, hand_off
+from agent.fabrics import FabricsAddress
 from agent.initiator.devices import UdevWaiter
 from agent.initiator.reconcile import InitiatorPass, load_state, merge_record
 from agent.initiator.sysfs import Sysfs
@@ -385,7 +386,7 @@ def test_striped_detach_stops_when_the_volume_stays_active(host: FakeHost) -> No
 # ------------------------------------------------------------------ records
 
 def test_merge_keeps_what_a_failed_attach_did() -> None:
-    a, b = (SubsystemPath(n, "tcp", "10.0.0.1", "4420") for n in ("a", "b"))
+    a, b = (SubsystemPath(n, FabricsAddress("tcp", "10.0.0.1", "4420")) for n in ("a", "b"))
     old = PoolAttachment(HOST, subsystems=[a], mounts=["/m/ns1"], created_dirs=["/m"],
                          complete=True)
     failed = PoolAttachment(HOST, subsystems=[b], mounts=["/n/ns1"], created_dirs=["/n"])
@@ -439,7 +440,7 @@ def test_one_path_down_of_two_is_reported_but_the_pool_is_attached(host: FakeHos
     [error] = result.errors
     assert "Connection refused" in error.message
     assert sorted(host.mounts()) == ns_mounts(host)
-    assert [s.traddr for s in state(host)["kv"].subsystems] == ["10.0.0.2"]
+    assert [s.address.traddr for s in state(host)["kv"].subsystems] == ["10.0.0.2"]
     assert len(host.runner.ran("nvme", "connect", "--transport", "tcp", "--traddr",
                                "10.0.0.1")) == 5  # transient: retried, then given up
 

@@ -8,6 +8,7 @@ import io
 import os
 from pathlib import Path
 
+from agent.fabrics import FabricsAddress
 from agent.initiator.connect import Target, connect
 from agent.initiator.nvmecli import FabricsOptions, classify_connect_failure
 from agent.initiator.sysfs import Sysfs
@@ -22,7 +23,7 @@ K2 = "DHHC-1:00:SuvWukyCd00qGeccPkVGoCnGeIK7jfky06avdi1PUit8gdjB:"
 
 
 def auth_target(secret: str, ctrl: str | None = None) -> Target:
-    return Target("tcp", "10.0.0.1", "4420", NQN, HOST, HOSTID,
+    return Target(FabricsAddress("tcp", "10.0.0.1", "4420"), NQN, HOST, HOSTID,
                   FabricsOptions(dhchap_secret=secret, dhchap_ctrl_secret=ctrl))
 
 

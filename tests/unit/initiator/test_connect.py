@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.fabrics import FabricsAddress
 from agent.initiator import sysfs as sysfs_mod
 from agent.initiator.connect import (
     Target,
@@ -28,7 +29,7 @@ from agent.initiator.nvmecli import (
     TransientConnectError,
     parse_discover,
 )
-from agent.initiator.sysfs import Address, Sysfs
+from agent.initiator.sysfs import Sysfs
 from agent.system.run import CommandResult
 from tests.unit.fakerunner import FakeRunner
 
@@ -107,8 +108,10 @@ def kernel(tmp_path: Path) -> FakeKernel:
 
 
 def target(traddr: str = "10.0.0.1", hostnqn: str = HOST, **kw) -> Target:
-    return Target("tcp", traddr, kw.pop("trsvcid", "4420"), kw.pop("subsysnqn", NQN), hostnqn,
-                  kw.pop("hostid", HOSTID), **kw)
+    address = FabricsAddress("tcp", traddr, kw.pop("trsvcid", "4420"),
+                             host_iface=kw.pop("host_iface", None),
+                             host_traddr=kw.pop("host_traddr", None))
+    return Target(address, kw.pop("subsysnqn", NQN), hostnqn, kw.pop("hostid", HOSTID), **kw)
 
 
 def run_connect(kernel: FakeKernel, t: Target, **kw):
@@ -210,10 +213,9 @@ def test_host_traddr_and_iface_must_match_when_configured(kernel: FakeKernel) ->
                                address="traddr=10.0.0.1,trsvcid=4420,host_traddr=10.0.0.5,"
                                        "host_iface=eth1")
     s = Sysfs(kernel.fake.root)
-    assert find_controllers(target(options=FabricsOptions(host_traddr="10.0.0.5",
-                                                          host_iface="eth1")), s)
-    assert not find_controllers(target(options=FabricsOptions(host_traddr="10.0.0.6")), s)
-    assert not find_controllers(target(options=FabricsOptions(host_iface="eth2")), s)
+    assert find_controllers(target(host_traddr="10.0.0.5", host_iface="eth1"), s)
+    assert not find_controllers(target(host_traddr="10.0.0.6"), s)
+    assert not find_controllers(target(host_iface="eth2"), s)
     assert find_controllers(target(), s)  # not configured: not compared
 
 
@@ -308,7 +310,7 @@ def test_disconnect_nothing_to_do(kernel: FakeKernel) -> None:
 def entry(subnqn: str, traddr: str = "10.0.0.1", trsvcid: str = "4420",
           subtype: str = "nvme subsystem"):
     from agent.initiator.nvmecli import DiscoveryEntry
-    return DiscoveryEntry("tcp", "ipv4", subtype, traddr, trsvcid, subnqn, 1)
+    return DiscoveryEntry(FabricsAddress("tcp", traddr, trsvcid), "ipv4", subtype, subnqn, 1)
 
 
 PREFIX = "nqn.2026-11.io.kvagent"
@@ -342,15 +344,15 @@ def test_pool_entries_without_a_host_keep_whatever_name_the_acl_offers() -> None
 def test_pool_entries_over_a_recorded_discovery_log() -> None:
     log = parse_discover((FIX / "discover-local.json").read_text())
     [e] = pool_entries(log, PREFIX, "pool0", host="gpu0")
-    assert (e.subnqn, e.traddr, e.trsvcid) == (f"{PREFIX}:gpu0-store:pool0:gpu0", "127.0.0.1",
-                                               "4420")
+    assert (e.subnqn, e.address.traddr, e.address.trsvcid) == (
+        f"{PREFIX}:gpu0-store:pool0:gpu0", "127.0.0.1", "4420")
     assert pool_entries(log, PREFIX, "pool0", host="gpu1") == []
 
 
 def test_target_matches_uses_parsed_address() -> None:
     from agent.initiator.sysfs import Controller
-    ctrl = Controller("nvme1", "TCP", Address.parse("traddr=10.0.0.1,trsvcid=4420"), "live",
-                      NQN, HOST)
+    ctrl = Controller("nvme1", FabricsAddress.from_sysfs("TCP", "traddr=10.0.0.1,trsvcid=4420"),
+                      "live", NQN, HOST)
     assert target().matches(ctrl)
 
 
@@ -367,8 +369,10 @@ def test_controllers_are_found_by_subsystem_and_a_reused_name_is_seen(tmp_path: 
     real = sysfs_mod.read_attr
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sysfs_mod, "read_attr", lambda p: reads.append(str(p)) or real(p))
-        mine = Target("tcp", "127.0.0.1", "4420", NQN, HOST, None, FabricsOptions())
-        theirs = Target("tcp", "127.0.0.1", "4420", other, HOST, None, FabricsOptions())
+        mine = Target(FabricsAddress("tcp", "127.0.0.1", "4420"), NQN, HOST, None,
+                      FabricsOptions())
+        theirs = Target(FabricsAddress("tcp", "127.0.0.1", "4420"), other, HOST, None,
+                        FabricsOptions())
         assert [c.name for c in find_controllers(mine, s)] == ["nvme3"]
         assert [c.name for c in find_controllers(theirs, s)] == ["nvme4"]
     # nvme4's subsystem was read once (by the first look), then nvme4 in full

@@ -64,7 +64,8 @@ def test_discover_2_3(name: str) -> None:
     disc, nvm = entries
     assert not disc.is_nvm_subsystem and disc.subnqn == nvmecli.DISCOVERY_NQN
     assert nvm.is_nvm_subsystem
-    assert (nvm.trtype, nvm.traddr, nvm.trsvcid, nvm.portid, nvm.eflags) == (
+    assert (nvm.address.transport, nvm.address.traddr, nvm.address.trsvcid, nvm.portid,
+            nvm.eflags) == (
         "tcp", "127.0.0.1", "4420", 1, "none")
 
 
@@ -79,7 +80,7 @@ def test_discover_lists_only_what_the_host_may_use() -> None:
 
 def test_discover_older_layout_with_device_and_spacing() -> None:
     entries = nvmecli.parse_discover(text(OTHER / "nvme-1.14-discover-device.json"))
-    assert [(e.subnqn, e.trsvcid, e.eflags) for e in entries] == [
+    assert [(e.subnqn, e.address.trsvcid, e.eflags) for e in entries] == [
         ("storage1", "8009", None), ("storage2", "8009", None)]
     assert all(e.is_nvm_subsystem for e in entries)
 
@@ -89,7 +90,8 @@ def test_discover_skips_records_without_address_and_tolerates_noise() -> None:
         {"records": [{"subnqn": "nqn.x:y"}, {"traddr": "::1", "subnqn": "nqn.2026-11.a:b",
                                                "trtype": "TCP", "new_field": 3}]})
     [entry] = nvmecli.parse_discover(noisy)
-    assert (entry.traddr, entry.trtype, entry.trsvcid) == ("::1", "tcp", "")
+    assert (entry.address.traddr, entry.address.transport, entry.address.trsvcid) == (
+        "::1", "tcp", "")
 
 
 def test_connect_output() -> None:
@@ -101,7 +103,7 @@ def test_connect_output() -> None:
 @pytest.mark.parametrize("name", ["list-subsys-ref.json", "list-subsys.json"])
 def test_list_subsys_2_3(name: str) -> None:
     subs = nvmecli.parse_list_subsys(text(V23 / name))
-    fabrics = [s for s in subs if s.paths and s.paths[0].transport == "tcp"]
+    fabrics = [s for s in subs if s.paths and s.paths[0].address.transport == "tcp"]
     [sub] = fabrics
     assert sub.hostnqn and sub.hostnqn.startswith("nqn.2014-08.org.nvmexpress:uuid:")
     [path] = sub.paths
@@ -250,10 +252,9 @@ def test_connect_argv_and_options() -> None:
     runner = FakeRunner().on(["nvme", "connect"], stdout='{\n  "device":"nvme4"\n}\n')
     cli = NvmeCli(runner, kernel_log=ListKernelLog([]))
     opts = FabricsOptions(ctrl_loss_tmo=-1, reconnect_delay=2, keep_alive_tmo=7,
-                          nr_io_queues=2, queue_size=64, host_iface="eth1",
-                          host_traddr="10.0.0.2")
+                          nr_io_queues=2, queue_size=64)
     name = cli.connect("tcp", "10.0.0.1", 4420, POOL_NQN, hostnqn="nqn.h", hostid="id",
-                       options=opts)
+                       host_iface="eth1", host_traddr="10.0.0.2", options=opts)
     assert name == "nvme4"
     [argv] = runner.calls
     assert argv == ("nvme", "connect", "--transport", "tcp", "--traddr", "10.0.0.1",

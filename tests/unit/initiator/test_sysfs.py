@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.fabrics import FabricsAddress, canonical_traddr
 from agent.initiator import sysfs as sysfs_mod
-from agent.initiator.sysfs import Address, Sysfs, normalize_traddr
+from agent.initiator.sysfs import Sysfs
 
 from .fakesysfs import FakeSysfs
 
@@ -37,9 +38,9 @@ def recorded(name: str) -> dict[str, str]:
 def test_controller_from_the_capture(tree: FakeSysfs) -> None:
     ctrl = Sysfs(tree.root).controller("nvme2")
     assert ctrl is not None
-    assert (ctrl.transport, ctrl.state, ctrl.subsysnqn) == ("tcp", "live", NQN)
-    assert ctrl.address == Address("traddr=127.0.0.1,trsvcid=4420,src_addr=127.0.0.1",
-                                   "127.0.0.1", "4420", "127.0.0.1")
+    assert (ctrl.address.transport, ctrl.state, ctrl.subsysnqn) == ("tcp", "live", NQN)
+    assert ctrl.address == FabricsAddress("tcp", "127.0.0.1", "4420", src_addr="127.0.0.1")
+    assert ctrl.address.src_addr == "127.0.0.1"
     # connected with --ctrl-loss-tmo -1 --reconnect-delay 2 --keep-alive-tmo 7 --queue-size 64
     assert (ctrl.ctrl_loss_tmo, ctrl.reconnect_delay, ctrl.kato, ctrl.sqsize) == (
         "off", "2", "7", 63)
@@ -187,13 +188,13 @@ def test_read_attr_permission_denied(tmp_path: Path, monkeypatch: pytest.MonkeyP
     ("0000:00:0b.0", (None, None, None)),
 ])
 def test_address_parse(raw: str, expect: tuple) -> None:
-    a = Address.parse(raw)
+    a = FabricsAddress.from_sysfs("tcp", raw)
     assert (a.traddr, a.trsvcid, a.src_addr) == expect
-    assert a.raw == raw
 
 
 def test_address_host_fields() -> None:
-    a = Address.parse("traddr=fe80::1,trsvcid=4420,host_traddr=fe80::2,host_iface=eth0")
+    a = FabricsAddress.from_sysfs(
+        "tcp", "traddr=fe80::1,trsvcid=4420,host_traddr=fe80::2,host_iface=eth0")
     assert (a.host_traddr, a.host_iface) == ("fe80::2", "eth0")
 
 
@@ -206,7 +207,7 @@ def test_address_host_fields() -> None:
     ("nn-0x20000090FA:pn-0x10", "nn-0x20000090fa:pn-0x10"),
 ])
 def test_normalize_traddr(given: str, canonical: str) -> None:
-    assert normalize_traddr(given) == canonical
+    assert canonical_traddr(given) == canonical
 
 
 def test_subsystems_of_reads_each_other_subsystem_once_per_reader(

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agent.config import parse_config
+from agent.fabrics import FabricsAddress
 from agent.initiator.nvmecli import FabricsOptions
-from agent.initiator.sysfs import Address, Controller
+from agent.initiator.sysfs import Controller
 from agent.initiator.timeouts import Drift, Timeouts, drift, fix, unsupported
 
 NQN = "nqn.2026-11.io.kvagent:store1:kv:gpu0"
@@ -14,8 +15,8 @@ NQN = "nqn.2026-11.io.kvagent:store1:kv:gpu0"
 
 def ctrl(reconnect_delay: str | None = "2", ctrl_loss_tmo: str | None = "off",
          fast_io_fail_tmo: str | None = "off") -> Controller:
-    return Controller("nvme4", "tcp", Address.parse("traddr=10.0.0.1,trsvcid=4420"), "live",
-                      NQN, reconnect_delay=reconnect_delay, ctrl_loss_tmo=ctrl_loss_tmo,
+    return Controller("nvme4", FabricsAddress.from_sysfs("tcp", "traddr=10.0.0.1,trsvcid=4420"),
+                      "live", NQN, reconnect_delay=reconnect_delay, ctrl_loss_tmo=ctrl_loss_tmo,
                       fast_io_fail_tmo=fast_io_fail_tmo)
 
 

@@ -1,0 +1,50 @@
+"""A pool's host side (connect.host_iface, connect.host_traddr) reaches nvme connect, and
+the controller that shows it is recognised on the next pass (fake host:
+tests/unit/initiator/attach_fakes.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from .attach_fakes import PREFIX, Export, FakeHost
+from .test_attach_failfast import with_connect
+from .test_attach_reconcile import run
+
+NQN = f"{PREFIX}:store1:kv:gpu0"
+
+
+@pytest.fixture
+def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHost:
+    h = FakeHost(tmp_path, exports=[Export(NQN, [1])])
+    monkeypatch.setattr(os.path, "ismount", lambda p: os.fspath(p) in h.mounts())
+    for module in ("nvme_fabrics", "nvme_tcp"):
+        (tmp_path / "sys/module" / module).mkdir(parents=True)
+    return h
+
+
+def test_the_host_side_is_connected_from_and_a_converged_pass_runs_nothing(
+        host: FakeHost) -> None:
+    pools = with_connect(host, "host_iface: eth1, host_traddr: '10.0.0.5'")
+    assert run(host, pools).ok
+    [connect] = host.runner.ran("nvme", "connect")
+    assert connect[connect.index("--host-iface"):][:4] == (
+        "--host-iface", "eth1", "--host-traddr", "10.0.0.5")
+    calls = len(host.runner.calls)
+    again = run(host, pools)
+    assert again.ok and not again.changed, again.actions
+    assert host.runner.calls[calls:] == []
+
+
+def test_a_controller_from_another_interface_is_not_the_pools(host: FakeHost) -> None:
+    """The pool chooses eth2 now: the controller made through eth1 does not serve it, so
+    the pass connects through eth2 (nvme-cli 2.3 says "already connected" to each try,
+    as it does for one subsystem and port: the pool's error)."""
+    assert run(host, with_connect(host, "host_iface: eth1")).ok
+    result = run(host, with_connect(host, "host_iface: eth2"))
+    tries = host.runner.ran("nvme", "connect")[1:]
+    assert tries, "the eth1 controller was taken for the pool's"
+    assert {t[t.index("--host-iface") + 1] for t in tries} == {"eth2"}
+    assert not result.ok

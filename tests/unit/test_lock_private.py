@@ -160,8 +160,12 @@ def test_wait_reports_the_holder_once(tmp_path: Path) -> None:
     t = threading.Thread(target=first)
     t.start()
     assert held.wait(10)
-    threading.Timer(0.5, release.set).start()
-    with apply_lock(tmp_path / "run", wait=True, timeout=30, on_wait=seen.append):
+
+    def on_wait(holder: object) -> None:  # the holder lets go once it has been reported
+        seen.append(holder)
+        release.set()
+
+    with apply_lock(tmp_path / "run", wait=True, timeout=30, on_wait=on_wait):
         pass
     t.join()
     assert seen and all(h is not None and h.pid == os.getpid() for h in seen)

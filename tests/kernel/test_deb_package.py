@@ -202,7 +202,7 @@ initiator:
     - name: kv
       target: {{transport: tcp, address: 127.0.0.1}}
       mount: {mount}
-      engines: [{{kind: lmcache}}]
+      engines: [{{kind: lmcache, cleaner: {{enabled: true}}}}]  # its metrics are on the dashboard
 health: {{listen: "127.0.0.1:{port}", interval: 5s, textfile: {textfile}}}
 """)
     nqn = subsystem_nqn("nqn.2026-11.io.kvagent", "deb", "kv", "deb")

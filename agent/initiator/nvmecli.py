@@ -670,6 +670,12 @@ class NvmeCli:
             if "--dhchap-ctrl-secret" in argv:
                 hint += (" (or the controller secret, auth.ctrl_key_file, differs from the "
                          "storage host's: the kernel then waits instead of failing)")
+            elif "--dhchap-secret" in argv:
+                # A rejected secret whose verdict the host did not read before the target
+                # dropped the connection: the kernel waits for its admin timeout (60 s)
+                # instead of failing (seen on 6.12 under load).
+                hint += (" (or DH-HMAC-CHAP failed and the target dropped the connection "
+                         "before the host read why: " + _hint(None, errno.EKEYREJECTED) + ")")
             raise TransientConnectError(f"nvme {what} timed out after {exc.timeout:g}s",
                                         hint) from None
         if result.returncode != 0:

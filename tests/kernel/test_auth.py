@@ -29,7 +29,12 @@ from pathlib import Path
 import pytest
 
 from agent.dhchap import generate, read_secret, write_secret
-from agent.initiator.nvmecli import FabricsOptions, NvmeCli, PermanentConnectError
+from agent.initiator.nvmecli import (
+    FabricsOptions,
+    NvmeCli,
+    PermanentConnectError,
+    TransientConnectError,
+)
 from agent.log import configure_logging
 from agent.naming import subsystem_nqn
 from agent.result import RunResult
@@ -239,18 +244,28 @@ def test_dhchap_two_identities_rotation_under_reads_and_refusals(lab: Lab) -> No
     # A wrong secret and no secret through kvagent's connect: refused and explained.
     kit.sh("nvme", "disconnect", "-n", nqn)
     kit.wait_for(lambda: not kit.controllers_for(nqn), 30, what="the controller to go")
+    # A rejected secret whose verdict the host did not read before the target dropped the
+    # connection makes the kernel wait for its admin timeout (60 s) past kvagent's connect
+    # timeout (seen on 6.12 under load): then kvagent's timeout names the secret too.
     cli = NvmeCli()
     for secret, errno_names, words in ((generate().text, ("EKEYREJECTED", "EIO"),
                                         "must hold the secret"),
                                        (None, ("ENOKEY",), "requires DH-HMAC-CHAP")):
-        with pytest.raises(PermanentConnectError) as refused:
+        with pytest.raises((PermanentConnectError, TransientConnectError)) as refused:
             cli.connect("tcp", "127.0.0.1", 4420, nqn, hostnqn=lab.hostnqn,
                         options=FabricsOptions(ctrl_loss_tmo=None, dhchap_secret=secret))
-        assert refused.value.errno_name in errno_names, refused.value
+        if isinstance(refused.value, TransientConnectError):
+            assert secret and "timed out" in str(refused.value), refused.value
+            ci_log("auth: a wrong secret's connect waited for the kernel's admin timeout "
+                   "(the target dropped the connection first); kvagent's hint names the secret")
+        else:
+            assert refused.value.errno_name in errno_names, refused.value
         assert words in (refused.value.hint or "")
         if secret:
             assert secret not in str(refused.value)
-    assert not kit.controllers_for(nqn)
+        # After a timeout the kernel's connect still runs until its own timeout.
+        kit.wait_for(lambda: not kit.controllers_for(nqn), 90,
+                     what="no controller left by the refused connect")
 
     # Detach and unexport: nothing left.
     lab.write_empty(PREFIX)

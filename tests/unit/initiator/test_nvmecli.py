@@ -284,6 +284,28 @@ def test_connect_timeout_is_transient() -> None:
         cli.connect("tcp", "127.0.0.1", 4420, POOL_NQN)
 
 
+def _timeout_hint(cli: NvmeCli, **options: str) -> str:
+    with pytest.raises(TransientConnectError, match="timed out") as info:
+        cli.connect("tcp", "127.0.0.1", 4420, POOL_NQN, options=FabricsOptions(**options))
+    return info.value.hint or ""
+
+
+def test_connect_timeout_with_a_secret_names_the_secret() -> None:
+    """A rejected secret can end in a wait (the target dropped the connection before
+    the host read its verdict): the timeout's hint says which file to check."""
+    def hang(argv, _input):
+        raise CommandTimeout(argv, 45)
+    cli = NvmeCli(FakeRunner().on_call(["nvme", "connect"], hang),
+                  kernel_log=ListKernelLog([]))
+    secret = "DHHC-1:00:" + "A" * 48 + ":"
+    hint = _timeout_hint(cli, dhchap_secret=secret)
+    assert "must hold the secret" in hint and "auth.key_file" in hint
+    assert secret not in hint
+    both = _timeout_hint(cli, dhchap_secret=secret, dhchap_ctrl_secret=secret)
+    assert "auth.ctrl_key_file" in both
+    assert "DH-HMAC-CHAP" not in _timeout_hint(cli)
+
+
 def test_options_from_config() -> None:
     from agent.config.model import ConnectOptions
     from agent.config.types import Duration

@@ -160,35 +160,52 @@ def connect(target: Target, *, cli: NvmeCli, sysfs: Sysfs, attempts: int = 5,
 
 
 def refresh_secrets(target: Target, controllers: list[Controller], sysfs: Sysfs) -> bool:
-    """Give live controllers the target's DH-HMAC-CHAP secrets where theirs differ (a
-    rotation): each write makes the kernel re-authenticate at once, without disconnecting.
-    True if one was given. (Removing a secret needs a reconnect: the kernel keeps the one
-    it has.)
+    """Give usable controllers the target's DH-HMAC-CHAP secrets where theirs differ (a
+    rotation). True if one was given. (Removing a secret needs a reconnect: the kernel
+    keeps the one it has.)
 
-    A rotation of one secret keeps the controller live. When both differ, the first
-    write's re-authentication (unless the second write cancels it first) pairs a new
-    secret with an old one, the target fails it and the controller reconnects (I/O waits
-    about 10 s, the kernel's reconnect delay): that is warned about. The controller secret
-    goes first: a reconnect that starts before the host secret is written is then refused
-    at once (a wrong host secret), where the other order leaves it waiting on a
-    controller secret that cannot match."""
+    One secret: the write makes the kernel re-authenticate the live controller at once,
+    which keeps it live. Both secrets: a live re-authentication would pair a new secret
+    with an old one (two writes, each starts one), the target would fail it and drop the
+    connection, and if that drop lands while the host's authentication waits for an
+    answer, the kernel's reconnect waits on that authentication for good (a deadlock
+    seen on 6.12: the controller, and the next secret write, hang). So the controller is
+    reset first: the kernel's reconnect with the old secrets is refused, and both are
+    written while it is not live (the kernel then leaves the authentication to its next
+    reconnect, ``reconnect_delay`` later, which has both). If it comes back live, the
+    storage host still takes the old secrets: nothing is written; the next pass tries
+    again. Warned about either way: I/O waits for the reconnect (or fails after
+    ``fast_io_fail_tmo``)."""
     changed = False
     opts = target.options
-    wanted = (("dhchap_ctrl_secret", opts.dhchap_ctrl_secret),
-              ("dhchap_secret", opts.dhchap_secret))
+    wanted = {"dhchap_ctrl_secret": opts.dhchap_ctrl_secret,
+              "dhchap_secret": opts.dhchap_secret}
     for ctrl in controllers:
-        stale = [attr for attr, secret in wanted
+        stale = [attr for attr, secret in wanted.items()
                  if secret is not None and sysfs.controller_secret(ctrl.name, attr) != secret]
-        if len(stale) == 2:
-            log.warning("both DH-HMAC-CHAP secrets changed at once: the controller may "
-                        "reconnect once (I/O waits for it); rotate one secret at a time "
-                        "to keep it live", controller=ctrl.name, subsysnqn=target.subsysnqn)
+        if len(stale) == 2 and not _reset_for_both(target, ctrl, sysfs):
+            continue
         for attr in stale:
-            sysfs.set_controller_secret(ctrl.name, attr, dict(wanted)[attr])
-            log.info("new DH-HMAC-CHAP secret given: re-authenticating",
-                     controller=ctrl.name, subsysnqn=target.subsysnqn, attribute=attr)
+            sysfs.set_controller_secret(ctrl.name, attr, wanted[attr] or "")
+            log.info("new DH-HMAC-CHAP secret given", controller=ctrl.name,
+                     subsysnqn=target.subsysnqn, attribute=attr)
             changed = True
     return changed
+
+
+def _reset_for_both(target: Target, ctrl: Controller, sysfs: Sysfs) -> bool:
+    """Take ``ctrl`` out of ``live`` for a rotation of both secrets (see
+    :func:`refresh_secrets`): True when it is not live and both may be written."""
+    log.warning("both DH-HMAC-CHAP secrets changed at once: resetting the controller so "
+                "that it authenticates anew with both (I/O waits for the reconnect, or "
+                "fails after fast_io_fail_tmo); rotate one secret at a time to keep it live",
+                controller=ctrl.name, subsysnqn=target.subsysnqn)
+    if ctrl.state == "live" and sysfs.reset_controller(ctrl.name):
+        log.warning("the storage host still accepts this controller's old DH-HMAC-CHAP "
+                    "secrets: the new ones are given once it has them (apply on the storage "
+                    "host first)", controller=ctrl.name, subsysnqn=target.subsysnqn)
+        return False
+    return True
 
 
 def _other_hosts(target: Target, sysfs: Sysfs) -> list[Controller]:

@@ -24,6 +24,7 @@ tests/unit/initiator/fixtures/sysfs-6.1/):
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from dataclasses import dataclass
@@ -258,6 +259,20 @@ class Sysfs:
     def set_controller_secret(self, name: str, attr: str, secret: str) -> None:
         """Give a live controller a new secret: the kernel re-authenticates with it."""
         (self.root / "class/nvme" / name / attr).write_text(secret + "\n")
+
+    def reset_controller(self, name: str) -> bool:
+        """Reset a controller (``reset_controller``): the kernel tears its queues down and
+        connects again, which authenticates afresh with the secrets it holds; the write
+        returns once that attempt is over. True when the controller is live again; False
+        when it is not (ENETRESET: it keeps reconnecting, every ``reconnect_delay``;
+        EBUSY: a reset or reconnect was already under way)."""
+        try:
+            (self.root / "class/nvme" / name / "reset_controller").write_text("1\n")
+        except OSError as exc:
+            if exc.errno in (errno.ENETRESET, errno.EBUSY):
+                return False
+            raise
+        return True
 
     def set_controller_attr(self, name: str, attr: str, value: str) -> None:
         """Write one of a controller's tunable attributes (``fast_io_fail_tmo``,

@@ -160,52 +160,41 @@ def connect(target: Target, *, cli: NvmeCli, sysfs: Sysfs, attempts: int = 5,
 
 
 def refresh_secrets(target: Target, controllers: list[Controller], sysfs: Sysfs) -> bool:
-    """Give usable controllers the target's DH-HMAC-CHAP secrets where theirs differ (a
-    rotation). True if one was given. (Removing a secret needs a reconnect: the kernel
-    keeps the one it has.)
+    """Give live controllers the target's DH-HMAC-CHAP secrets where theirs differ (a
+    rotation): each write makes the kernel re-authenticate at once, without disconnecting.
+    True if one was given. (Removing a secret needs a reconnect: the kernel keeps the one
+    it has.)
 
-    One secret: the write makes the kernel re-authenticate the live controller at once,
-    which keeps it live. Both secrets: a live re-authentication would pair a new secret
-    with an old one (two writes, each starts one), the target would fail it and drop the
-    connection, and if that drop lands while the host's authentication waits for an
-    answer, the kernel's reconnect waits on that authentication for good (a deadlock
-    seen on 6.12: the controller, and the next secret write, hang). So the controller is
-    reset first: the kernel's reconnect with the old secrets is refused, and both are
-    written while it is not live (the kernel then leaves the authentication to its next
-    reconnect, ``reconnect_delay`` later, which has both). If it comes back live, the
-    storage host still takes the old secrets: nothing is written; the next pass tries
-    again. Warned about either way: I/O waits for the reconnect (or fails after
-    ``fast_io_fail_tmo``)."""
+    A rotation of one secret keeps the controller live. When both differ, each write
+    starts a re-authentication, and one that runs with a new secret and an old one fails
+    at the target, which drops the connection: the controller reconnects (I/O waits
+    about ``reconnect_delay``) with both. So both are written back to back (files opened
+    first): the second write cancels the first one's re-authentication if it has not
+    begun, and the controller stays live. The window matters: on 6.12 a drop that lands
+    while the host's authentication waits for an answer can leave the controller's
+    reconnect, and the second write, waiting for good (seen once in the kernel tier under
+    load). Hence the warning: rotate one secret at a time. The controller secret goes
+    first: a reconnect that starts before the host secret is written is then refused at
+    once (a wrong host secret), where the other order leaves it waiting on a controller
+    secret that cannot match."""
     changed = False
     opts = target.options
-    wanted = {"dhchap_ctrl_secret": opts.dhchap_ctrl_secret,
-              "dhchap_secret": opts.dhchap_secret}
+    wanted = (("dhchap_ctrl_secret", opts.dhchap_ctrl_secret),
+              ("dhchap_secret", opts.dhchap_secret))
     for ctrl in controllers:
-        stale = [attr for attr, secret in wanted.items()
+        stale = [(attr, secret) for attr, secret in wanted
                  if secret is not None and sysfs.controller_secret(ctrl.name, attr) != secret]
-        if len(stale) == 2 and not _reset_for_both(target, ctrl, sysfs):
+        if not stale:
             continue
-        for attr in stale:
-            sysfs.set_controller_secret(ctrl.name, attr, wanted[attr] or "")
-            log.info("new DH-HMAC-CHAP secret given", controller=ctrl.name,
-                     subsysnqn=target.subsysnqn, attribute=attr)
-            changed = True
+        if len(stale) == 2:
+            log.warning("both DH-HMAC-CHAP secrets changed at once: the controller may "
+                        "reconnect once (I/O waits for it); rotate one secret at a time "
+                        "to keep it live", controller=ctrl.name, subsysnqn=target.subsysnqn)
+        sysfs.set_controller_secrets(ctrl.name, stale)
+        log.info("new DH-HMAC-CHAP secret given: re-authenticating", controller=ctrl.name,
+                 subsysnqn=target.subsysnqn, attributes=[attr for attr, _ in stale])
+        changed = True
     return changed
-
-
-def _reset_for_both(target: Target, ctrl: Controller, sysfs: Sysfs) -> bool:
-    """Take ``ctrl`` out of ``live`` for a rotation of both secrets (see
-    :func:`refresh_secrets`): True when it is not live and both may be written."""
-    log.warning("both DH-HMAC-CHAP secrets changed at once: resetting the controller so "
-                "that it authenticates anew with both (I/O waits for the reconnect, or "
-                "fails after fast_io_fail_tmo); rotate one secret at a time to keep it live",
-                controller=ctrl.name, subsysnqn=target.subsysnqn)
-    if ctrl.state == "live" and sysfs.reset_controller(ctrl.name):
-        log.warning("the storage host still accepts this controller's old DH-HMAC-CHAP "
-                    "secrets: the new ones are given once it has them (apply on the storage "
-                    "host first)", controller=ctrl.name, subsysnqn=target.subsysnqn)
-        return False
-    return True
 
 
 def _other_hosts(target: Target, sysfs: Sysfs) -> list[Controller]:

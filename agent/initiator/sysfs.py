@@ -24,7 +24,6 @@ tests/unit/initiator/fixtures/sysfs-6.1/):
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 from dataclasses import dataclass
@@ -256,23 +255,22 @@ class Sysfs:
         value = read_attr(self.root / "class/nvme" / name / attr)
         return None if value in (None, "", "none") else value
 
-    def set_controller_secret(self, name: str, attr: str, secret: str) -> None:
-        """Give a live controller a new secret: the kernel re-authenticates with it."""
-        (self.root / "class/nvme" / name / attr).write_text(secret + "\n")
-
-    def reset_controller(self, name: str) -> bool:
-        """Reset a controller (``reset_controller``): the kernel tears its queues down and
-        connects again, which authenticates afresh with the secrets it holds; the write
-        returns once that attempt is over. True when the controller is live again; False
-        when it is not (ENETRESET: it keeps reconnecting, every ``reconnect_delay``;
-        EBUSY: a reset or reconnect was already under way)."""
+    def set_controller_secrets(self, name: str, secrets: list[tuple[str, str]]) -> None:
+        """Give a controller new secrets (``(attribute, secret)`` in order); each write
+        makes the kernel re-authenticate a live controller, and cancels the one the
+        previous write started if it has not begun. The files are opened first and
+        written back to back, so that the second write comes as soon after the first
+        as it can (see :func:`agent.initiator.connect.refresh_secrets`)."""
+        fds = []
         try:
-            (self.root / "class/nvme" / name / "reset_controller").write_text("1\n")
-        except OSError as exc:
-            if exc.errno in (errno.ENETRESET, errno.EBUSY):
-                return False
-            raise
-        return True
+            for attr, _ in secrets:
+                fds.append(os.open(self.root / "class/nvme" / name / attr,
+                                   os.O_WRONLY | os.O_TRUNC))
+            for fd, (_, secret) in zip(fds, secrets, strict=True):
+                os.write(fd, (secret + "\n").encode())
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def set_controller_attr(self, name: str, attr: str, value: str) -> None:
         """Write one of a controller's tunable attributes (``fast_io_fail_tmo``,

@@ -8,8 +8,6 @@ import io
 import os
 from pathlib import Path
 
-import pytest
-
 from agent.fabrics import FabricsAddress
 from agent.initiator.connect import Target, connect
 from agent.initiator.nvmecli import FabricsOptions, classify_connect_failure
@@ -57,101 +55,50 @@ def test_a_new_secret_reaches_live_controllers_without_a_reconnect(tmp_path: Pat
 K3 = "DHHC-1:00:3b3wpeqC0k5hSDWVXjA6/cPe1ekOE6iDMgEeYRJZrEC6Ox7x:"
 
 
-def _recording(sysfs: Sysfs, *, live_after_reset: bool = False) -> list[str]:
-    """Record every secret write (the kernel re-authenticates on each) and controller
-    reset; a reset leaves the controller live (the target took its old secrets) or not."""
-    writes: list[str] = []
-    real = sysfs.set_controller_secret
+def _recording(sysfs: Sysfs) -> list[list[str]]:
+    """Record the attributes of every secret write, one list per call (the files of one
+    call are written back to back; the kernel re-authenticates on each write)."""
+    writes: list[list[str]] = []
+    real = sysfs.set_controller_secrets
 
-    def record(name: str, attr: str, secret: str) -> None:
-        writes.append(attr)
-        real(name, attr, secret)
-
-    def reset(name: str) -> bool:
-        writes.append("reset")
-        return live_after_reset
-    sysfs.set_controller_secret = record  # type: ignore[method-assign]
-    sysfs.reset_controller = reset  # type: ignore[method-assign]
+    def record(name: str, secrets: list[tuple[str, str]]) -> None:
+        writes.append([attr for attr, _ in secrets])
+        real(name, secrets)
+    sysfs.set_controller_secrets = record  # type: ignore[method-assign]
     return writes
 
 
-def _both_rotated(tmp_path: Path, **recording: bool) -> tuple[Sysfs, list[str], str, bool]:
+def test_a_rotation_of_both_secrets_writes_them_back_to_back_and_warns(
+        tmp_path: Path) -> None:
     fake = FakeSysfs(tmp_path)
     kernel = FakeKernel(fake)
     fake.add_controller(2, subsysnqn=NQN, hostnqn=HOST, hostid=HOSTID,
                         address="traddr=10.0.0.1,trsvcid=4420,src_addr=10.0.0.7",
                         dhchap_secret=K1, dhchap_ctrl_secret=K2)
     sysfs = Sysfs(tmp_path)
-    writes = _recording(sysfs, **recording)
+    writes = _recording(sysfs)
     out = io.StringIO()
     configure_logging(0, stream=out)
     try:
-        # One secret: one write, no reset, no warning (the re-auth keeps it live).
+        # One secret: one write, no warning (the kernel's re-auth keeps it live).
         assert connect(auth_target(K3, K2), cli=kernel.cli, sysfs=sysfs,
                        sleep=lambda s: None).changed
-        assert writes == ["dhchap_secret"] and "at once" not in out.getvalue()
+        assert writes == [["dhchap_secret"]] and "at once" not in out.getvalue()
+        # Both: in one call, back to back (the second write cancels the first one's
+        # re-authentication if it has not begun), the controller secret first (a
+        # reconnect in between is refused at once, not left waiting), and the operator
+        # is told the controller may reconnect.
         writes.clear()
-        changed = connect(auth_target(K1, K3), cli=kernel.cli, sysfs=sysfs,
-                          sleep=lambda s: None).changed
+        assert connect(auth_target(K1, K3), cli=kernel.cli, sysfs=sysfs,
+                       sleep=lambda s: None).changed
     finally:
         configure_logging()
-    assert kernel.runner.ran("nvme", "connect") == []
-    assert K1 not in out.getvalue() and K3 not in out.getvalue()
+    assert writes == [["dhchap_ctrl_secret", "dhchap_secret"]]
     assert "both DH-HMAC-CHAP secrets changed at once" in out.getvalue()
-    return sysfs, writes, out.getvalue(), changed
-
-
-def test_a_rotation_of_both_secrets_resets_the_controller_before_writing(
-        tmp_path: Path) -> None:
-    """Both at once: never a live re-authentication with one new secret and one old
-    (the target fails it, and a drop during it can deadlock the 6.12 kernel): the
-    controller is reset first, and the secrets written while it reconnects."""
-    sysfs, writes, _, changed = _both_rotated(tmp_path)
-    assert changed
-    assert writes == ["reset", "dhchap_ctrl_secret", "dhchap_secret"]
+    assert K1 not in out.getvalue() and K3 not in out.getvalue()
     assert sysfs.controller_secret("nvme2", "dhchap_secret") == K1
     assert sysfs.controller_secret("nvme2", "dhchap_ctrl_secret") == K3
-
-
-def test_a_rotation_of_both_waits_for_the_storage_host(tmp_path: Path) -> None:
-    """The reset came back live: the storage host still takes the old secrets, so the
-    new ones are not written (that would be the live re-authentication that fails)."""
-    sysfs, writes, logged, changed = _both_rotated(tmp_path, live_after_reset=True)
-    assert not changed and writes == ["reset"]
-    assert "still accepts this controller's old DH-HMAC-CHAP secrets" in logged
-    assert sysfs.controller_secret("nvme2", "dhchap_secret") == K3
-    assert sysfs.controller_secret("nvme2", "dhchap_ctrl_secret") == K2
-
-
-def test_a_controller_not_live_gets_both_secrets_without_a_reset(tmp_path: Path) -> None:
-    fake = FakeSysfs(tmp_path)
-    kernel = FakeKernel(fake)
-    fake.add_controller(2, subsysnqn=NQN, hostnqn=HOST, hostid=HOSTID, state="connecting",
-                        address="traddr=10.0.0.1,trsvcid=4420,src_addr=10.0.0.7",
-                        dhchap_secret=K1, dhchap_ctrl_secret=K2)
-    sysfs = Sysfs(tmp_path)
-    writes = _recording(sysfs)
-    assert connect(auth_target(K3, K1), cli=kernel.cli, sysfs=sysfs,
-                   sleep=lambda s: None).changed
-    assert writes == ["dhchap_ctrl_secret", "dhchap_secret"]
-
-
-def test_reset_controller_reads_the_kernels_answer(tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = FakeSysfs(tmp_path)
-    fake.add_controller(2, subsysnqn=NQN, hostnqn=HOST)
-    sysfs = Sysfs(tmp_path)
-    assert sysfs.reset_controller("nvme2") is True
-    assert (tmp_path / "class/nvme/nvme2/reset_controller").read_text() == "1\n"
-    for err, expect in ((errno.ENETRESET, False), (errno.EBUSY, False)):
-        def refuse(self: Path, text: str, _err: int = err) -> int:
-            raise OSError(_err, os.strerror(_err))
-        monkeypatch.setattr(Path, "write_text", refuse)
-        assert sysfs.reset_controller("nvme2") is expect
-    monkeypatch.setattr(Path, "write_text", lambda self, text: (_ for _ in ()).throw(
-        OSError(errno.EIO, "Input/output error")))
-    with pytest.raises(OSError):
-        sysfs.reset_controller("nvme2")
+    assert kernel.runner.ran("nvme", "connect") == []
 
 
 def test_runner_logs_never_show_secrets() -> None:

@@ -236,3 +236,40 @@ def test_subsystems_of_reads_each_other_subsystem_once_per_reader(
     assert [s.name for s in reader.subsystems_of(nqns[0])] == []
     assert sorted(s.name for s in reader.subsystems_of(nqns[1])) == [
         "nvme-subsys0", "nvme-subsys1"]
+
+
+def test_secrets_are_written_back_to_back_after_every_file_is_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both secrets: every file opened first, then the writes one right after the other
+    (the second cancels the first one's re-authentication if it has not begun); a file
+    that cannot be opened means nothing is written."""
+    ctl = tmp_path / "class/nvme/nvme2"
+    ctl.mkdir(parents=True)
+    for attr in ("dhchap_secret", "dhchap_ctrl_secret"):
+        (ctl / attr).write_text("none\n")
+    calls: list[str] = []
+    real_open, real_write = sysfs_mod.os.open, sysfs_mod.os.write
+    names: dict[int, str] = {}
+
+    def opened(path, flags, *args, **kwargs):  # type: ignore[no-untyped-def]
+        fd = real_open(path, flags, *args, **kwargs)
+        names[fd] = Path(path).name
+        calls.append(f"open {names[fd]}")
+        return fd
+
+    def written(fd: int, data: bytes) -> int:
+        calls.append(f"write {names[fd]}")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(sysfs_mod.os, "open", opened)
+    monkeypatch.setattr(sysfs_mod.os, "write", written)
+    s = Sysfs(tmp_path)
+    s.set_controller_secrets("nvme2", [("dhchap_ctrl_secret", "C"), ("dhchap_secret", "H")])
+    assert calls == ["open dhchap_ctrl_secret", "open dhchap_secret",
+                     "write dhchap_ctrl_secret", "write dhchap_secret"]
+    assert (ctl / "dhchap_ctrl_secret").read_text() == "C\n"
+    assert (ctl / "dhchap_secret").read_text() == "H\n"
+    calls.clear()
+    with pytest.raises(FileNotFoundError):
+        s.set_controller_secrets("nvme2", [("dhchap_secret", "X"), ("missing", "Y")])
+    assert not [c for c in calls if c.startswith("write")]

@@ -38,6 +38,12 @@ GUEST_TIMEOUT = int(os.environ.get("KVAGENT_VM_TIMEOUT", "2400"))
 #: VMs that run at once. A TCG guest keeps about one host core busy (the tests in it
 #: run one thing at a time), so two groups at once use a 2-core machine fully.
 PARALLEL = max(1, int(os.environ.get("KVAGENT_VM_PARALLEL", "2")))
+#: vCPUs of each VM (KVAGENT_VM_CPUS; scripts/vm's own default is 2). One: a guest runs
+#: one thing at a time, and under TCG a second vCPU cost the same group 1.2-2x the host
+#: CPU time (multi-threaded TCG's cross-vCPU work; on a busy host a vCPU spins waiting
+#: for the other's acknowledgement while that one waits for a core), which on a 2-core
+#: machine running two VMs is time taken from the other VM.
+GUEST_CPUS = max(1, int(os.environ.get("KVAGENT_VM_CPUS", "1")))
 #: Seconds one guest test may run before its threads' stacks are dumped.
 FAULTHANDLER_TIMEOUT = int(os.environ.get("KVAGENT_VM_FAULTHANDLER", "900"))
 
@@ -207,7 +213,7 @@ class KernelTier:
                     "scripts/setup (it runs scripts/fetch-kernel)")
             return lines
         argv = [sys.executable, str(REPO / "scripts/vm"), "--out", str(out), "--quiet",
-                "--log", str(log), "--timeout", str(GUEST_TIMEOUT),
+                "--log", str(log), "--timeout", str(GUEST_TIMEOUT), "--cpus", str(GUEST_CPUS),
                 *(["--kernel", kernel] if kernel else []), "--", *inner]
         with SLOTS.held(ticket):
             proc = subprocess.run(argv, cwd=REPO, stdin=subprocess.DEVNULL,

@@ -60,3 +60,21 @@ def test_a_hanging_probe_is_killed_and_cached_as_no_kvm(
     # cached: no second probe
     vng.write_text("#!/bin/sh\nexit 0\n")
     assert vm.kvm_usable(str(vng), "/boot/vmlinuz-test", timeout=1) is False
+
+
+def test_under_tcg_the_guest_cpu_has_no_erms() -> None:
+    """TCG emulates ERMS's byte-wise ``rep movsb``/``stosb`` a byte at a time: the guest's
+    CPU model leaves ERMS out (a later ``-cpu`` than vng's ``-cpu max`` wins); KVM's is
+    left alone."""
+    vm = load_vm()
+    common = dict(memory="2G", cpus=1, out=Path("/out"), scratch=Path("/scratch"),
+                  qemu_opts=["-device nvme,serial=KVTEST0"], guest_command="sh guest.sh")
+    tcg = vm.vng_argv("vng", "/boot/vmlinuz-x", use_kvm=False, **common)
+    assert "--disable-kvm" in tcg
+    (opts,) = [a for a in tcg if a.startswith("--qemu-opts=")]
+    assert opts == "--qemu-opts=-device nvme,serial=KVTEST0 -cpu max,-erms"
+    assert tcg[tcg.index("--cpus") + 1] == "1"
+    assert tcg[-2:] == ["--", "sh guest.sh"]
+    kvm = vm.vng_argv("vng", "/boot/vmlinuz-x", use_kvm=True, **common)
+    assert "--disable-kvm" not in kvm
+    assert "--qemu-opts=-device nvme,serial=KVTEST0" in kvm

@@ -131,3 +131,38 @@ def test_host_side_vm_tests_take_a_slot_by_weight(tmp_path: Path) -> None:
     order = boots(tmp_path, "-m", "kernel or vmhost", "-o", "markers=vmhost", tests=HOST_SIDE,
                   KVAGENT_VM_PARALLEL="1", HOLD_UNTIL_QUEUED="long", QUEUED="2")
     assert order == ["long", "host", "short"]
+
+
+def test_group_vms_get_one_vcpu_unless_told(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """One vCPU per VM (a second one costs TCG more host CPU than it gives back), unless
+    KVAGENT_VM_CPUS says otherwise; the group's scripts/vm is asked for it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVAGENT_")}
+    probe = [sys.executable, "-c", "import tests.vmplugin as p; print(p.GUEST_CPUS)"]
+    run = dict(cwd=REPO, capture_output=True, text=True, check=True)
+    assert subprocess.run(probe, env=env, **run).stdout.strip() == "1"
+    assert subprocess.run(probe, env={**env, "KVAGENT_VM_CPUS": "2"},
+                          **run).stdout.strip() == "2"
+
+    import tests.vmplugin as plugin
+
+    booted: list[list[str]] = []
+
+    def fake_run(argv, **kwargs):  # type: ignore[no-untyped-def]
+        booted.append(list(argv))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    class Item:
+        nodeid = "tests/kernel/test_x.py::test_x"
+
+        def get_closest_marker(self, name: str) -> None:
+            return None
+
+    monkeypatch.setattr(plugin, "GUEST_CPUS", 1)
+    monkeypatch.setattr(plugin.subprocess, "run", fake_run)
+    monkeypatch.setattr(plugin.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
+    tier = plugin.KernelTier(config=None)  # type: ignore[arg-type]
+    tier.groups["g"] = [Item()]  # type: ignore[list-item]
+    tier._run_group("g", plugin.SLOTS.request(1.0))
+    (argv,) = booted
+    assert argv[1].endswith("scripts/vm") and argv[argv.index("--cpus") + 1] == "1"

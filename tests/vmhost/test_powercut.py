@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.vmplugin import GUEST_CPUS
+
 REPO = Path(__file__).resolve().parents[2]
 #: Weight: its minutes under TCG alone (four boots); ranks its VM slot among the groups.
 pytestmark = pytest.mark.vmhost(weight=10)
@@ -27,7 +29,8 @@ CUT = 125
 def boot(drives: Path, phase: str, log: Path) -> int:
     python = REPO / ".venv/bin/python"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts/vm"), "--drives", "3", "--drive-size", "1G",
+        [sys.executable, str(REPO / "scripts/vm"), "--cpus", str(GUEST_CPUS),
+         "--drives", "3", "--drive-size", "1G",
          "--drives-dir", str(drives), "--quiet", "--log", str(log), "--timeout", "1200",
          "--", str(python), "tests/kernel/powercut_guest.py", phase],
         cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1500,

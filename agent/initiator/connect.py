@@ -170,13 +170,13 @@ def refresh_secrets(target: Target, controllers: list[Controller], sysfs: Sysfs)
     at the target, which drops the connection: the controller reconnects (I/O waits
     about ``reconnect_delay``) with both. So both are written back to back (files opened
     first): the second write cancels the first one's re-authentication if it has not
-    begun, and the controller stays live (2 of 5 runs in the kernel tier's 6.12 group). The window matters: on 6.12 a drop that lands
-    while the host's authentication waits for an answer can leave the controller's
-    reconnect, and the second write, waiting for good (seen once in the kernel tier under
-    load). Hence the warning: rotate one secret at a time. The controller secret goes
-    first: a reconnect that starts before the host secret is written is then refused at
-    once (a wrong host secret), where the other order leaves it waiting on a controller
-    secret that cannot match."""
+    begun, and the controller stays live (2 of 5 runs in the kernel tier's 6.12 group).
+    The window matters: on 6.12 a drop that lands while the host's authentication waits
+    for an answer can leave the controller's reconnect, and the second write, waiting for
+    good (seen once in the kernel tier under load). Hence the warning: rotate one secret
+    at a time. The controller secret goes first: a reconnect that starts before the host
+    secret is written is then refused at once (a wrong host secret), where the other
+    order leaves it waiting on a controller secret that cannot match."""
     changed = False
     opts = target.options
     wanted = (("dhchap_ctrl_secret", opts.dhchap_ctrl_secret),

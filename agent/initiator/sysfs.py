@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from ..fabrics import FabricsAddress
 
@@ -44,6 +46,7 @@ _CTRL_RE = re.compile(r"^nvme(\d+)$")
 _HEAD_RE = re.compile(r"^nvme(\d+)n(\d+)$")
 _PATH_RE = re.compile(r"^nvme(\d+)c(\d+)n(\d+)$")
 _SUBSYS_RE = re.compile(r"^nvme-subsys(\d+)$")
+T = TypeVar("T")
 SECTOR = 512
 
 
@@ -302,17 +305,24 @@ class Sysfs:
         :meth:`subsystem_namespaces` does): one file of every other subsystem per reader,
         not per pool; when none shows it any more, every subsystem's NQN is read again.
         """
+        found = self._by_nqn(nqn, lambda names: self._subsystems_showing(nqn, names) or None)
+        return found or []
+
+    def _by_nqn(self, nqn: str, look: Callable[[list[str]], T | None]) -> T | None:
+        """``look`` at the subsystems (``nvme-subsys<S>`` names) that showed ``nqn`` when
+        this reader last looked (a new one's NQN is read once); when it finds nothing
+        (None), every subsystem's NQN is read again and it looks once more."""
         root = f"{self.root}/class/nvme-subsystem"
         names = [n for n in _listdir(root) if _SUBSYS_RE.match(n)]
         owners = self._subsystem_owners
         for n in names:
             if n not in owners:
                 owners[n] = read_attr(f"{root}/{n}/subsysnqn")
-        found = self._subsystems_showing(nqn, [n for n in names if owners[n] == nqn])
-        if not found:
+        found = look([n for n in names if owners[n] == nqn])
+        if found is None:  # none of them shows it now: every subsystem is looked at again
             for n in names:
                 owners[n] = read_attr(f"{root}/{n}/subsysnqn")
-            found = self._subsystems_showing(nqn, [n for n in names if owners[n] == nqn])
+            found = look([n for n in names if owners[n] == nqn])
         return found
 
     def _subsystems_showing(self, nqn: str, names: list[str]) -> list[Subsystem]:
@@ -430,19 +440,8 @@ class Sysfs:
         reader last looked (read again now); when none does, every subsystem's NQN is read
         again (a GPU host has one per pool: one file of each per pass, not per pool).
         """
-        root = f"{self.root}/class/nvme-subsystem"
-        names = [n for n in _listdir(root) if _SUBSYS_RE.match(n)]
-        owners = self._subsystem_owners
-        for n in names:
-            if n not in owners:
-                owners[n] = read_attr(f"{root}/{n}/subsysnqn")
-        out = self._subsystem_heads(subsysnqn, [n for n in names if owners[n] == subsysnqn])
-        if out is None:  # none of them shows it now: every subsystem is looked at again
-            for n in names:
-                owners[n] = read_attr(f"{root}/{n}/subsysnqn")
-            out = self._subsystem_heads(subsysnqn,
-                                        [n for n in names if owners[n] == subsysnqn])
-        return out or {}
+        return self._by_nqn(subsysnqn,
+                            lambda names: self._subsystem_heads(subsysnqn, names)) or {}
 
     def _subsystem_heads(self, subsysnqn: str,
                          names: list[str]) -> dict[int, NamespaceHead] | None:

@@ -287,3 +287,15 @@ def fabrics_connect(hostnqn: str, subnqn: str, secret: str | None) -> int:
     finally:
         os.close(fd)
     return 0
+
+
+class Laps:
+    """Prints the time each phase of a test took (the VM is slow; this shows where)."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def __call__(self, what: str) -> None:
+        now = time.monotonic()
+        print(f"[time] {what}: {now - self.last:.1f}s")
+        self.last = now

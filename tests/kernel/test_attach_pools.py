@@ -187,17 +187,6 @@ def check_renders(lab: Lab, pool: str, mounts: list[Path], kinds: tuple[str, ...
         assert shlex.split(files["sglang"]["sglang.args"]) == SGLANG_ARGS
 
 
-class Laps:
-    """Prints the time each phase of a test took (the VM is slow; this shows where)."""
-
-    def __init__(self) -> None:
-        self.last = time.monotonic()
-
-    def __call__(self, what: str) -> None:
-        now = time.monotonic()
-        print(f"[time] {what}: {now - self.last:.1f}s")
-        self.last = now
-
 
 def write_sectors(device: str) -> int:
     """Sectors written so far to a namespace head and its hidden paths (stat field 7).
@@ -222,7 +211,7 @@ def test_tcp_attach_outage_reboot_detach(lab: Lab) -> None:
     before = host_snapshot()
     mounts = [lab.root / "mnt/kv/lab-ns1", lab.root / "mnt/kv/lab-ns2"]
 
-    lap = Laps()
+    lap = kit.Laps()
     first = lab.apply()
     lap("first apply (tcp, per-namespace, 5 engines)")
     assert_ok(first)
@@ -345,7 +334,7 @@ def test_rdma_striped_attach_and_detach(lab: Lab, rxe) -> None:
     before = host_snapshot()
     mount = lab.root / "mnt/kv"
 
-    lap = Laps()
+    lap = kit.Laps()
     first = lab.apply()
     lap("first apply (rdma, striped)")
     assert_ok(first)

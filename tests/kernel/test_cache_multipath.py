@@ -22,7 +22,6 @@ import json
 import os
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -41,15 +40,6 @@ PREFIX = "nqn.2026-11.io.kvagent"
 MIB = 1 << 20
 TCP_PORT, RDMA_PORT = 42, 43
 
-
-class Laps:
-    def __init__(self) -> None:
-        self.last = time.monotonic()
-
-    def __call__(self, what: str) -> None:
-        now = time.monotonic()
-        print(f"[time] {what}: {now - self.last:.1f}s")
-        self.last = now
 
 
 def config_text(lab: Lab, rdma: str, iopolicy: str, prefer: str = "rdma") -> str:
@@ -127,7 +117,7 @@ def test_one_pool_over_rdma_and_tcp_with_ana_iopolicy_and_a_path_outage(lab: Lab
                                                                        rxe) -> None:  # type: ignore[no-untyped-def]
     nqn = subsystem_nqn(PREFIX, "lab", "kv", "lab")
     mounts = [lab.root / "mnt/kv/lab-ns1", lab.root / "mnt/kv/lab-ns2"]
-    lap = Laps()
+    lap = kit.Laps()
 
     # queue-depth: not on 6.1. The pool's error says so; the pool is attached anyway.
     lab.write(config_text(lab, rxe.address, "queue-depth"))

@@ -51,15 +51,6 @@ MIB = 1 << 20
 VLLM, LMCACHE = project_id("vllm"), project_id("lmcache")
 
 
-class Laps:
-    def __init__(self) -> None:
-        self.last = time.monotonic()
-
-    def __call__(self, what: str) -> None:
-        now = time.monotonic()
-        print(f"[time] {what}: {now - self.last:.1f}s")
-        self.last = now
-
 
 def write_config(lab: Lab, *, options: str | None = None, vllm_cleaner: bool = False,
                  dynamo: bool = False) -> None:
@@ -160,7 +151,7 @@ def state_files(lab: Lab) -> dict[str, tuple[int, int, int]]:
 
 
 def test_hard_caps_cleaner_and_gds_on_one_pool(lab: Lab) -> None:
-    lap = Laps()
+    lap = kit.Laps()
     mount = lab.root / "mnt/kv/lab-ns1"
     vllm, lmcache = mount / "vllm", mount / "lmcache"
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -52,15 +51,6 @@ SPREAD = tuple(f"kvsp{i}" for i in range(4))
 BASELINE = "kvone0"
 LVM_CONF = Path("/etc/lvm/lvm.conf")
 
-
-class Laps:
-    def __init__(self) -> None:
-        self.last = time.monotonic()
-
-    def __call__(self, what: str) -> None:
-        now = time.monotonic()
-        print(f"[time] {what}: {now - self.last:.1f}s")
-        self.last = now
 
 
 def capped_nullb(name: str, size_mb: int) -> str:
@@ -157,7 +147,7 @@ def test_spread_places_each_namespace_on_its_own_drive_and_reads_faster(lab: Lab
     spread, baseline = drives
     lab.write(config_text(lab, spread, baseline))
     cfg = load_config(lab.config)
-    lap = Laps()
+    lap = kit.Laps()
 
     # Killed after the volume group and two LVs of pool four: the rest follows the same rule.
     killed = child_pass(cfg, "kill-after=command#3")

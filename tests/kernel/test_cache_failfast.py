@@ -54,7 +54,7 @@ from .pools import (
     umount_all_under,
     write_file,
 )
-from .test_attach_pools import Laps, write_sectors
+from .test_attach_pools import write_sectors
 
 pytestmark = pytest.mark.kernel(group="cache-gpu", weight=3.5)
 PREFIX = "nqn.2026-11.io.kvagent"
@@ -164,7 +164,7 @@ def test_outage_fails_fast_and_the_agent_recovers_the_shut_down_xfs(
     nqn = subsystem_nqn(PREFIX, "lab", "kv", "lab")
     outage_config(lab, nqn)
     mount = root / "mnt/kv/lab-ns1"
-    lap = Laps()
+    lap = kit.Laps()
     first = lab.apply()
     lap("first apply")
     assert_ok(first)
@@ -418,7 +418,7 @@ def test_two_storage_hosts_one_grows_and_a_host_entry_named_differently(
     store0, store1, gpu = labs["store0"], labs["store1"], labs["gpu"]
     nqn0 = subsystem_nqn(PREFIX, "store0", "kv", "gpu")
     nqn1 = subsystem_nqn(PREFIX, "store1", "kv", "gpu-old")  # this host, named otherwise
-    lap = Laps()
+    lap = kit.Laps()
     try:
         storage_config(store0, "store0", 42, 4420, file_pool(store0, 1, "gpu"))
         storage_config(store1, "store1", 43, 4421, lvm_pool(store1, "300MiB", "gpu-old"))

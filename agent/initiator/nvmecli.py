@@ -447,6 +447,7 @@ CONNECT_STATUS = {
     0x182: "invalid connect parameters (unknown subsystem NQN or bad host NQN)",
     0x183: "restart discovery",
     0x184: "host not allowed (not in the subsystem's allowed_hosts)",
+    0x370: "host path error: the connection went down before the target answered",
 }
 _DNR = 0x4000
 _STATUS_RE = re.compile(r"failed to connect (?:queue|admin queue)?:?\s*\d*\s*ret=(-?\d+)")
@@ -527,9 +528,8 @@ def classify_connect_failure(result: CommandResult, kernel: Sequence[str] = (),
         if status & _DNR or (status & 0x7FF) in (0x182, 0x184):
             return PermanentConnectError(message, _hint(status, err), result=result,
                                          kernel=kernel, errno_name=name, status=status)
-        return TransientConnectError(message, "the target asked us to retry later",
-                                     result=result, kernel=kernel, errno_name=name,
-                                     status=status)
+        return TransientConnectError(message, _retry_hint(status), result=result,
+                                     kernel=kernel, errno_name=name, status=status)
     if err in _TRANSIENT_ERRNOS:
         return TransientConnectError(message, _hint(None, err), result=result, kernel=kernel,
                                      errno_name=name)
@@ -539,6 +539,15 @@ def classify_connect_failure(result: CommandResult, kernel: Sequence[str] = (),
         err = errno.EKEYREJECTED
     return PermanentConnectError(message, _hint(None, err), result=result, kernel=kernel,
                                  errno_name=name)
+
+
+def _retry_hint(status: int) -> str:
+    """Why a Connect without the do-not-retry bit is worth retrying."""
+    if (status & 0x700) == 0x300:  # path-related: set by this host, not the target
+        return ("the connection to the target dropped during the connect (the network, a "
+                "target restart, or a target that closed it after refusing this host, e.g. "
+                "a DH-HMAC-CHAP refusal on 6.12); retrying")
+    return "the target asked us to retry later"
 
 
 def _hint(status: int | None, err: int | None) -> str:

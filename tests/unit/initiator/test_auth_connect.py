@@ -10,7 +10,11 @@ from pathlib import Path
 
 from agent.fabrics import FabricsAddress
 from agent.initiator.connect import Target, connect
-from agent.initiator.nvmecli import FabricsOptions, classify_connect_failure
+from agent.initiator.nvmecli import (
+    FabricsOptions,
+    TransientConnectError,
+    classify_connect_failure,
+)
 from agent.initiator.sysfs import Sysfs
 from agent.log import configure_logging
 from agent.system.run import CommandResult, SubprocessRunner, shown
@@ -136,6 +140,22 @@ def test_a_rejected_secret_reported_as_eio_is_still_explained() -> None:
     assert "must hold the secret" in (exc.hint or "")
     plain = classify_connect_failure(result, ["nvme nvme3: failed to connect queue: 0"])
     assert "must hold the secret" not in (plain.hint or "")
+
+
+def test_a_connection_dropped_during_the_connect_is_retried_and_said_so() -> None:
+    """Seen on 6.12 under load (CI): a connect without a secret to a target that requires one
+    ended with host path error 0x370 (the connection went down before the target's answer
+    was read), not ENOKEY: worth a retry, and the error says what happened rather than that
+    the target asked for a retry."""
+    result = CommandResult(("nvme", "connect"), 1, "",
+                           "failed to lookup subsystem for controller nvme2\n")
+    exc = classify_connect_failure(result, ["nvme nvme2: failed to connect queue: 0 ret=880"])
+    assert isinstance(exc, TransientConnectError) and exc.status == 0x370
+    assert "host path error" in exc.message
+    assert "dropped during the connect" in (exc.hint or "")
+    busy = classify_connect_failure(result, ["nvme nvme2: failed to connect queue: 0 ret=385"])
+    assert isinstance(busy, TransientConnectError)
+    assert busy.hint == "the target asked us to retry later"
 
 
 def test_tls_options_and_tls_refusals_are_explained() -> None:

@@ -43,6 +43,7 @@ from ..log import get_logger
 from ..naming import parse_subsystem_nqn
 from .nvmecli import (
     AlreadyConnected,
+    ConnectError,
     DiscoveryEntry,
     FabricsOptions,
     NvmeCli,
@@ -80,6 +81,9 @@ class ConnectResult:
 
     controllers: tuple[Controller, ...]
     changed: bool
+    #: what was not done to controllers that stay as they were (e.g. a rotation of both
+    #: DH-HMAC-CHAP secrets this host cannot do safely): the caller reports them
+    refused: tuple[KvagentError, ...] = ()
 
 
 def find_controllers(target: Target, sysfs: Sysfs, *, usable_only: bool = True
@@ -104,21 +108,22 @@ def _log_retry(state: RetryCallState) -> None:
 def connect(target: Target, *, cli: NvmeCli, sysfs: Sysfs, attempts: int = 5,
             wait_initial: float = 1.0, wait_max: float = 10.0,
             sleep: Callable[[float], None] = time.sleep,
-            settle: float = 5.0) -> ConnectResult:
+            settle: float = 5.0, path_wait: float = 30.0) -> ConnectResult:
     """Connect ``target`` unless a matching usable controller exists; return its controllers.
 
     Transient failures are retried up to ``attempts`` times (exponential wait
     from ``wait_initial`` to ``wait_max`` seconds); permanent ones raise
     :class:`~agent.initiator.nvmecli.PermanentConnectError` at once.
     ``settle`` bounds how long to wait for a just-connected controller to show
-    up in sysfs.
+    up in sysfs; ``path_wait`` how long a controller that replaces one (a rotation of
+    both DH-HMAC-CHAP secrets, :func:`refresh_secrets`) may take to be live with paths.
     """
     existing = find_controllers(target, sysfs)
     if existing:
         log.debug("already connected", subsysnqn=target.subsysnqn,
                   controllers=[c.name for c in existing])
-        rotated = refresh_secrets(target, existing, sysfs)
-        return ConnectResult(tuple(existing), changed=rotated)
+        return refresh_secrets(target, existing, sysfs, cli=cli, path_wait=path_wait,
+                               sleep=sleep)
 
     made: list[bool] = []
 
@@ -159,42 +164,108 @@ def connect(target: Target, *, cli: NvmeCli, sysfs: Sysfs, attempts: int = 5,
     return ConnectResult(controllers, changed=bool(made))
 
 
-def refresh_secrets(target: Target, controllers: list[Controller], sysfs: Sysfs) -> bool:
+def refresh_secrets(target: Target, controllers: list[Controller], sysfs: Sysfs, *,
+                    cli: NvmeCli, path_wait: float = 30.0,
+                    sleep: Callable[[float], None] = time.sleep) -> ConnectResult:
     """Give live controllers the target's DH-HMAC-CHAP secrets where theirs differ (a
-    rotation): each write makes the kernel re-authenticate at once, without disconnecting.
-    True if one was given. (Removing a secret needs a reconnect: the kernel keeps the one
-    it has.)
+    rotation); the result holds the target's controllers afterwards.
 
-    A rotation of one secret keeps the controller live. When both differ, each write
-    starts a re-authentication, and one that runs with a new secret and an old one fails
-    at the target, which drops the connection: the controller reconnects (I/O waits
-    about ``reconnect_delay``) with both. So both are written back to back (files opened
-    first): the second write cancels the first one's re-authentication if it has not
-    begun, and the controller stays live (2 of 5 runs in the kernel tier's 6.12 group).
-    The window matters: on 6.12 a drop that lands while the host's authentication waits
-    for an answer can leave the controller's reconnect, and the second write, waiting for
-    good (seen once in the kernel tier under load). Hence the warning: rotate one secret
-    at a time. The controller secret goes first: a reconnect that starts before the host
-    secret is written is then refused at once (a wrong host secret), where the other
-    order leaves it waiting on a controller secret that cannot match."""
+    One secret changed: it is written to the controller's attribute, and the kernel
+    re-authenticates the live controller at once (no disconnect; live throughout in the
+    kernel tier). Both changed: every write starts a re-authentication, and the first one
+    pairs a new secret with an old one. It fails, the target drops the connection, and on
+    6.12 a drop during the host's re-authentication can hang the controller's error
+    recovery, its re-authentication and any later secret write for good (seen in the
+    kernel tier with either order, back to back). So a controller is never given both:
+    :func:`_replace_controller` connects a second controller with the new secrets and
+    then disconnects the old one (make before break; native multipath moves the I/O).
+    Where that cannot be done safely the controller is left as it is and the refusal is
+    in ``refused``. (Removing a secret needs a reconnect: the kernel keeps the one it has.)
+    """
+    result: list[Controller] = []
+    refused: list[KvagentError] = []
     changed = False
     opts = target.options
-    wanted = (("dhchap_ctrl_secret", opts.dhchap_ctrl_secret),
-              ("dhchap_secret", opts.dhchap_secret))
+    wanted = (("dhchap_secret", opts.dhchap_secret),
+              ("dhchap_ctrl_secret", opts.dhchap_ctrl_secret))
     for ctrl in controllers:
         stale = [(attr, secret) for attr, secret in wanted
                  if secret is not None and sysfs.controller_secret(ctrl.name, attr) != secret]
-        if not stale:
-            continue
-        if len(stale) == 2:
-            log.warning("both DH-HMAC-CHAP secrets changed at once: the controller may "
-                        "reconnect once (I/O waits for it); rotate one secret at a time "
-                        "to keep it live", controller=ctrl.name, subsysnqn=target.subsysnqn)
-        sysfs.set_controller_secrets(ctrl.name, stale)
-        log.info("new DH-HMAC-CHAP secret given: re-authenticating", controller=ctrl.name,
-                 subsysnqn=target.subsysnqn, attributes=[attr for attr, _ in stale])
-        changed = True
-    return changed
+        if len(stale) == 1:
+            sysfs.set_controller_secrets(ctrl.name, stale)
+            log.info("new DH-HMAC-CHAP secret given: re-authenticating", controller=ctrl.name,
+                     subsysnqn=target.subsysnqn, attributes=[stale[0][0]])
+            changed = True
+        elif stale:
+            try:
+                result.append(_replace_controller(target, ctrl, sysfs, cli=cli,
+                                                  wait=path_wait, sleep=sleep))
+                changed = True
+                continue
+            except KvagentError as exc:
+                refused.append(exc)
+        result.append(ctrl)
+    return ConnectResult(tuple(result), changed=changed, refused=tuple(refused))
+
+
+def _replace_controller(target: Target, old: Controller, sysfs: Sysfs, *, cli: NvmeCli,
+                        wait: float, sleep: Callable[[float], None]) -> Controller:
+    """A new controller for ``target`` with its (new) secrets, live with a path to every
+    namespace ``old`` has, then ``old`` disconnected: the namespaces' multipath heads, and
+    what is mounted on them, stay. Raises (with ``old`` untouched, and any controller made
+    here disconnected again) where that cannot be done safely."""
+    what = (f"both DH-HMAC-CHAP secrets of {old.name} ({target.subsysnqn}) changed at once")
+    unsafe = ("giving a live controller one new secret and one old can hang its "
+              "re-authentication on 6.12")
+    heads = sysfs.subsystem_namespaces(target.subsysnqn)
+    mine = {nsid for nsid, head in heads.items()
+            if any(p.controller == old.name for p in head.paths)}
+    if any(heads[nsid].subsystem is None for nsid in mine):
+        raise KvagentError(
+            f"{what}; this host has no native NVMe multipath, so a second controller "
+            f"cannot take over its namespaces: {old.name} keeps the old secrets",
+            f"rotate one secret at a time ({unsafe}), or set nvme_core.multipath=Y")
+    addr = target.address
+    try:
+        name = cli.add_controller(addr.transport, addr.traddr or "", addr.trsvcid or "",
+                                  target.subsysnqn, hostnqn=target.hostnqn,
+                                  hostid=target.hostid, host_iface=addr.host_iface,
+                                  host_traddr=addr.host_traddr, options=target.options)
+    except ConnectError as exc:
+        raise KvagentError(f"{what}; a controller with the new secrets could not connect, "
+                           f"so {old.name} keeps the old ones: {exc.message}",
+                           exc.hint) from None
+    new = _live_with_paths(target, sysfs, name, mine, wait, sleep)
+    if new is None:
+        if name:
+            cli.disconnect(device=name)
+        raise KvagentError(
+            f"{what}; the controller connected with the new secrets ({name}) was not live "
+            f"with a path to each of its namespaces within {wait:g}s, so it was "
+            f"disconnected again and {old.name} keeps the old secrets",
+            "the next pass tries again; see dmesg")
+    cli.disconnect(device=old.name)
+    log.info("both DH-HMAC-CHAP secrets changed: a new controller connected with them and "
+             "the old one disconnected (multipath moved the I/O over)", old=old.name,
+             new=new.name, subsysnqn=target.subsysnqn)
+    return new
+
+
+def _live_with_paths(target: Target, sysfs: Sysfs, name: str | None, nsids: set[int],
+                     settle: float, sleep: Callable[[float], None]) -> Controller | None:
+    """Controller ``name`` of ``target`` once it is live with a path to each of ``nsids``;
+    None if it is not within ``settle`` seconds."""
+    deadline = time.monotonic() + settle
+    while True:
+        ctrl = next((c for c in find_controllers(target, sysfs) if c.name == name), None)
+        if ctrl is not None and ctrl.state == "live":
+            heads = sysfs.subsystem_namespaces(target.subsysnqn)
+            if all(any(p.controller == name for p in heads[n].paths)
+                   for n in nsids if n in heads) and nsids <= heads.keys():
+                return ctrl
+        if time.monotonic() >= deadline:
+            return None
+        sleep(0.1)
 
 
 def _other_hosts(target: Target, sysfs: Sysfs) -> list[Controller]:

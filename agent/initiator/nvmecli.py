@@ -26,7 +26,8 @@ import errno
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,6 +222,19 @@ class FabricsOptions:
                 out += [flag, str(value)]
         if self.tls:
             out.append("--tls")
+        return out
+
+    def kernel_options(self, host_iface: str | None = None,
+                       host_traddr: str | None = None) -> list[str]:
+        """The same options as ``/dev/nvme-fabrics`` tokens (drivers/nvme/host/fabrics.c)."""
+        out = [f"{name}={value}" for name, value in (
+            ("ctrl_loss_tmo", self.ctrl_loss_tmo), ("reconnect_delay", self.reconnect_delay),
+            ("keep_alive_tmo", self.keep_alive_tmo), ("nr_io_queues", self.nr_io_queues),
+            ("queue_size", self.queue_size), ("host_iface", host_iface),
+            ("host_traddr", host_traddr), ("dhchap_secret", self.dhchap_secret),
+            ("dhchap_ctrl_secret", self.dhchap_ctrl_secret)) if value is not None]
+        if self.tls:
+            out.append("tls")  # the kernel looks the PSK up in the .nvme keyring
         return out
 
 
@@ -646,12 +660,46 @@ class NoKernelLog:
 
 # -------------------------------------------------------------- the wrapper
 
+FABRICS_DEV = "/dev/nvme-fabrics"
+
+
+def write_fabrics_device(options: str, timeout: float) -> str:
+    """Write connect options to ``/dev/nvme-fabrics`` and read its answer
+    (``instance=N,cntlid=M``). The write blocks until the kernel has connected or failed
+    (an ``OSError`` with its errno); past ``timeout`` seconds ``TimeoutError`` is raised
+    while the kernel's connect goes on in a thread until the kernel gives up."""
+    box: dict[str, Any] = {}
+
+    def transact() -> None:
+        try:
+            fd = os.open(FABRICS_DEV, os.O_RDWR)
+            try:
+                os.write(fd, options.encode())
+                box["answer"] = os.read(fd, 4096).decode(errors="replace")
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            box["error"] = exc
+
+    worker = threading.Thread(target=transact, name="nvme-fabrics", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise TimeoutError(f"{FABRICS_DEV} did not answer within {timeout:g}s")
+    if "error" in box:
+        raise box["error"]
+    return str(box.get("answer", ""))
+
+
 class NvmeCli:
     """nvme-cli commands kvagent needs, through a :class:`Runner`."""
 
     def __init__(self, runner: Runner | None = None, *, kernel_log: Any = None,
-                 connect_timeout: float = CONNECT_TIMEOUT, list_timeout: float = LIST_TIMEOUT):
+                 connect_timeout: float = CONNECT_TIMEOUT, list_timeout: float = LIST_TIMEOUT,
+                 fabrics_write: Callable[[str, float], str] | None = None):
         self.run = runner or default_runner()
+        #: writes options to /dev/nvme-fabrics and returns its answer (a seam for tests)
+        self.fabrics_write = fabrics_write or write_fabrics_device
         self.kernel_log = kernel_log if kernel_log is not None else KernelLog()
         self.connect_timeout = connect_timeout
         self.list_timeout = list_timeout
@@ -726,6 +774,45 @@ class NvmeCli:
         argv += ["--output-format", "json"]
         result = self._fabrics(argv, "connect")
         return parse_connect(result.stdout)
+
+    def add_controller(self, transport: str, traddr: str, trsvcid: str | int, subsysnqn: str,
+                       *, hostnqn: str, hostid: str | None = None,
+                       host_iface: str | None = None, host_traddr: str | None = None,
+                       options: FabricsOptions | None = None) -> str:
+        """A further controller to a subsystem and port this host is connected to, through
+        the kernel's ``/dev/nvme-fabrics`` with ``duplicate_connect``; returns its name.
+
+        Not ``nvme connect --duplicate-connect``: nvme-cli 2.3 refuses it, and 2.13 (libnvme
+        1.13) was seen giving the new controller the connected one's controller secret
+        instead of the one passed (kernel tier, 6.12). Failures raise a
+        :class:`ConnectError` subclass as :meth:`connect` does; the options, secrets among
+        them, are never logged."""
+        opts = options or FabricsOptions()
+        tokens = [f"transport={transport}", f"traddr={traddr}", f"trsvcid={trsvcid}",
+                  f"nqn={subsysnqn}", f"hostnqn={hostnqn}",
+                  *([f"hostid={hostid}"] if hostid else []),
+                  *opts.kernel_options(host_iface, host_traddr), "duplicate_connect"]
+        mark = self.kernel_log.mark()
+        argv = ("write", FABRICS_DEV)
+        try:
+            answer = self.fabrics_write(",".join(tokens), self.connect_timeout)
+        except TimeoutError:
+            self.kernel_log.since(mark)
+            raise TransientConnectError(
+                f"{FABRICS_DEV} connect timed out after {self.connect_timeout:g}s",
+                "the target did not answer; a controller secret that differs from the "
+                "storage host's makes the kernel wait instead of failing") from None
+        except OSError as exc:
+            kernel = self.kernel_log.since(mark)
+            result = CommandResult(argv, 1, "", f"Failed to write to {FABRICS_DEV}: "
+                                   f"{os.strerror(exc.errno or errno.EIO)}\n")
+            raise classify_connect_failure(result, kernel, "connect") from None
+        self.kernel_log.since(mark)
+        m = re.search(r"instance=(\d+)", answer)
+        if not m:
+            raise NvmeCliError(f"{FABRICS_DEV} answered {answer.strip()!r}, not instance=N",
+                               "see dmesg")
+        return f"nvme{m.group(1)}"
 
     def disconnect(self, *, device: str | None = None, nqn: str | None = None) -> int | None:
         """Disconnect one controller (``device``: ``nvme3``) or every one of ``nqn``.

@@ -428,6 +428,8 @@ class InitiatorPass:
                 path_errors.append((a.subsysnqn, exc))
                 continue
             connected.setdefault(a.subsysnqn, []).extend(res.controllers)
+            for refusal in res.refused:
+                self.result.error("initiator", pool.name, refusal.message, refusal.hint)
             if res.changed:
                 self._act(pool.name, "nvme.connect", a.subsysnqn, a.address.describe())
             self._keep_timeouts(pool, res.controllers, timeouts)

@@ -260,10 +260,10 @@ class Sysfs:
 
     def set_controller_secrets(self, name: str, secrets: list[tuple[str, str]]) -> None:
         """Give a controller new secrets (``(attribute, secret)`` in order); each write
-        makes the kernel re-authenticate a live controller, and cancels the one the
-        previous write started if it has not begun. The files are opened first and
-        written back to back, so that the second write comes as soon after the first
-        as it can (see :func:`agent.initiator.connect.refresh_secrets`)."""
+        makes the kernel re-authenticate a live controller. The files are all opened
+        before any is written, so that nothing is written if one cannot be opened.
+        (:func:`agent.initiator.connect.refresh_secrets` never gives a live controller
+        both: see there.)"""
         fds = []
         try:
             for attr, _ in secrets:

@@ -94,9 +94,10 @@ def plan_host_auth(pools: list[TargetPool], live: Tree,
             if (host.nqn not in out.attrs and lhost is not None
                     and len(live_keys) == 2 and "dhchap_ctrl_key" in attrs
                     and all(lhost.attrs[f] != attrs[f] for f in live_keys)):
-                log.warning("both DH-HMAC-CHAP secrets of a host change at once: its live "
-                            "controllers may reconnect once when its GPU host applies; rotate "
-                            "one secret at a time to keep them live",
+                log.warning("both DH-HMAC-CHAP secrets of a host change at once: its GPU "
+                            "host replaces each live controller with a new one (native "
+                            "multipath moves the I/O); rotate one secret at a time to keep "
+                            "them as they are",
                             pool=pool.name, host=host.name, hostnqn=host.nqn)
             out.attrs[host.nqn] = attrs
     return out

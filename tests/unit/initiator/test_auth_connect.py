@@ -3,15 +3,20 @@ live controllers when the file changes (re-auth, no disconnect), refusals explai
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import io
 import os
 from pathlib import Path
 
+import pytest
+
 from agent.fabrics import FabricsAddress
 from agent.initiator.connect import Target, connect
 from agent.initiator.nvmecli import (
     FabricsOptions,
+    NvmeCli,
+    PermanentConnectError,
     TransientConnectError,
     classify_connect_failure,
 )
@@ -20,7 +25,7 @@ from agent.log import configure_logging
 from agent.system.run import CommandResult, SubprocessRunner, shown
 
 from .fakesysfs import FakeSysfs
-from .test_connect import HOST, HOSTID, NQN, FakeKernel
+from .test_connect import HOST, HOSTID, NQN, FakeKernel, ReplayLog
 
 K1 = "DHHC-1:00:o71XL3dXa/kKh0AzaxNiDhEfzBRkl6AMyDu8pVg7SgIOxh5C:"
 K2 = "DHHC-1:00:SuvWukyCd00qGeccPkVGoCnGeIK7jfky06avdi1PUit8gdjB:"
@@ -72,37 +77,135 @@ def _recording(sysfs: Sysfs) -> list[list[str]]:
     return writes
 
 
-def test_a_rotation_of_both_secrets_writes_them_back_to_back_and_warns(
-        tmp_path: Path) -> None:
+def _two_secret_host(tmp_path: Path) -> tuple[FakeSysfs, FakeKernel, Sysfs]:
+    """nvme2 live with secrets K1/K2, the path to namespace 1 of nvme-subsys0 (native
+    multipath); a controller added through /dev/nvme-fabrics gets a path to it too."""
     fake = FakeSysfs(tmp_path)
     kernel = FakeKernel(fake)
     fake.add_controller(2, subsysnqn=NQN, hostnqn=HOST, hostid=HOSTID,
                         address="traddr=10.0.0.1,trsvcid=4420,src_addr=10.0.0.7",
                         dhchap_secret=K1, dhchap_ctrl_secret=K2)
-    sysfs = Sysfs(tmp_path)
+    fake.add_subsystem(0, NQN, controllers=(2,))
+    fake.add_namespace(0, 1, UUID, paths=((2, "optimized"),))
+    real = kernel.fabrics_write
+
+    def add_with_path(options: str, timeout: float) -> str:
+        answer = real(options, timeout)
+        inst = int(answer.split(",")[0].split("=")[1])
+        fake.add_subsystem(0, NQN, controllers=(2, inst))
+        fake.add_namespace(0, 1, UUID, paths=((2, "optimized"), (inst, "optimized")))
+        return answer
+    kernel.cli.fabrics_write = add_with_path
+    return fake, kernel, Sysfs(tmp_path)
+
+
+UUID = "0b8f6a5e-0000-4000-8000-000000000001"
+
+
+def test_one_new_secret_is_written_to_the_live_controller(tmp_path: Path) -> None:
+    _, kernel, sysfs = _two_secret_host(tmp_path)
+    writes = _recording(sysfs)
+    result = connect(auth_target(K3, K2), cli=kernel.cli, sysfs=sysfs, sleep=lambda s: None)
+    assert result.changed and not result.refused
+    assert writes == [["dhchap_secret"]] and [c.name for c in result.controllers] == ["nvme2"]
+    assert kernel.runner.ran("nvme", "connect") == [] and kernel.fabrics_writes == []
+
+
+def test_both_new_secrets_move_to_a_new_controller_before_the_old_one_goes(
+        tmp_path: Path) -> None:
+    """Never both written to a live controller (on 6.12 the re-authentication that pairs
+    a new secret with an old one can hang it): a second controller is added with the new
+    secrets, and only once it is live with a path to the namespace is the old one
+    disconnected."""
+    fake, kernel, sysfs = _two_secret_host(tmp_path)
     writes = _recording(sysfs)
     out = io.StringIO()
     configure_logging(0, stream=out)
     try:
-        # One secret: one write, no warning (the kernel's re-auth keeps it live).
-        assert connect(auth_target(K3, K2), cli=kernel.cli, sysfs=sysfs,
-                       sleep=lambda s: None).changed
-        assert writes == [["dhchap_secret"]] and "at once" not in out.getvalue()
-        # Both: in one call, back to back (the second write cancels the first one's
-        # re-authentication if it has not begun), the controller secret first (a
-        # reconnect in between is refused at once, not left waiting), and the operator
-        # is told the controller may reconnect.
-        writes.clear()
-        assert connect(auth_target(K1, K3), cli=kernel.cli, sysfs=sysfs,
-                       sleep=lambda s: None).changed
+        result = connect(auth_target(K3, K1), cli=kernel.cli, sysfs=sysfs,
+                         sleep=lambda s: None)
     finally:
         configure_logging()
-    assert writes == [["dhchap_ctrl_secret", "dhchap_secret"]]
-    assert "both DH-HMAC-CHAP secrets changed at once" in out.getvalue()
-    assert K1 not in out.getvalue() and K3 not in out.getvalue()
-    assert sysfs.controller_secret("nvme2", "dhchap_secret") == K1
-    assert sysfs.controller_secret("nvme2", "dhchap_ctrl_secret") == K3
+    assert result.changed and not result.refused and writes == []
+    [opts] = kernel.fabrics_writes
+    assert "duplicate_connect" in opts and opts["nqn"] == NQN and opts["hostnqn"] == HOST
+    assert opts["dhchap_secret"] == K3 and opts["dhchap_ctrl_secret"] == K1
+    assert opts["hostid"] == HOSTID and opts["ctrl_loss_tmo"] == "-1"
     assert kernel.runner.ran("nvme", "connect") == []
+    assert kernel.runner.ran("nvme", "disconnect") == [
+        ("nvme", "disconnect", "--device", "nvme2")]
+    assert [c.name for c in result.controllers] == ["nvme5"]
+    assert not (fake.root / "class/nvme/nvme2").exists()
+    assert '"old": "nvme2", "new": "nvme5"' in out.getvalue()
+    assert K1 not in out.getvalue() and K3 not in out.getvalue()
+
+
+def test_both_new_secrets_are_refused_where_no_second_controller_can_take_over(
+        tmp_path: Path) -> None:
+    # The kernel refuses the new controller (a secret the storage host does not have).
+    _, kernel, sysfs = _two_secret_host(tmp_path)
+    kernel.fabrics_errors.append(OSError(errno.EKEYREJECTED, "Key was rejected by service"))
+    writes = _recording(sysfs)
+    result = connect(auth_target(K3, K1), cli=kernel.cli, sysfs=sysfs, sleep=lambda s: None)
+    [refusal] = result.refused
+    assert "could not connect, so nvme2 keeps the old ones" in refusal.message
+    assert "must hold the secret" in (refusal.hint or "")
+    assert writes == [] and kernel.runner.ran("nvme", "disconnect") == []
+    assert [c.name for c in result.controllers] == ["nvme2"] and not result.changed
+    assert sysfs.controller_secret("nvme2", "dhchap_secret") == K1
+
+    # A new controller that never gets a path to the namespace: disconnected again.
+    fake, kernel, sysfs = _two_secret_host(tmp_path / "nopath")
+    kernel.cli.fabrics_write = kernel.fabrics_write  # no path added
+    result = connect(auth_target(K3, K1), cli=kernel.cli, sysfs=sysfs, sleep=lambda s: None,
+                     path_wait=0.05)
+    [refusal] = result.refused
+    assert "was not live with a path" in refusal.message
+    assert kernel.runner.ran("nvme", "disconnect") == [
+        ("nvme", "disconnect", "--device", "nvme5")]
+    assert [c.name for c in result.controllers] == ["nvme2"]
+    assert (fake.root / "class/nvme/nvme2").exists()
+
+
+def test_both_new_secrets_are_refused_without_native_multipath(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    _, kernel, sysfs = _two_secret_host(tmp_path)
+    [head] = sysfs.subsystem_namespaces(NQN).values()
+    monkeypatch.setattr(sysfs, "subsystem_namespaces",
+                        lambda nqn: {1: dataclasses.replace(head, subsystem=None)})
+    result = connect(auth_target(K3, K1), cli=kernel.cli, sysfs=sysfs, sleep=lambda s: None)
+    [refusal] = result.refused
+    assert "no native NVMe multipath" in refusal.message
+    assert kernel.fabrics_writes == [] and not result.changed
+
+
+def test_the_fabrics_device_answer_and_its_errors() -> None:
+    """What /dev/nvme-fabrics answers, and its errno, as add_controller reports them."""
+    seen: list[str] = []
+
+    def answer(options: str, timeout: float) -> str:
+        seen.append(options)
+        return "instance=7,cntlid=3\n"
+    cli = NvmeCli(kernel_log=ReplayLog(), fabrics_write=answer)
+    assert cli.add_controller("tcp", "10.0.0.1", 4420, NQN, hostnqn=HOST,
+                              options=FabricsOptions(tls=True)) == "nvme7"
+    assert seen[0].split(",") == ["transport=tcp", "traddr=10.0.0.1", "trsvcid=4420",
+                                  f"nqn={NQN}", f"hostnqn={HOST}", "ctrl_loss_tmo=-1", "tls",
+                                  "duplicate_connect"]
+
+    def fail(options: str, timeout: float) -> str:
+        raise OSError(errno.ENOKEY, os.strerror(errno.ENOKEY))
+    cli.fabrics_write = fail
+    with pytest.raises(PermanentConnectError) as refused:
+        cli.add_controller("tcp", "10.0.0.1", 4420, NQN, hostnqn=HOST)
+    assert "requires DH-HMAC-CHAP" in (refused.value.hint or "")
+
+    def hang(options: str, timeout: float) -> str:
+        raise TimeoutError
+    cli.fabrics_write = hang
+    with pytest.raises(TransientConnectError, match="timed out"):
+        cli.add_controller("tcp", "10.0.0.1", 4420, NQN, hostnqn=HOST,
+                           options=FabricsOptions(dhchap_secret=K1))
 
 
 def test_runner_logs_never_show_secrets() -> None:

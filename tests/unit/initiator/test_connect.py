@@ -70,7 +70,10 @@ class FakeKernel:
         self.runner = (FakeRunner().on_call(["nvme", "connect"], self.connect)
                        .on_call(["nvme", "disconnect"], self.disconnect))
         self.log = ReplayLog()
-        self.cli = NvmeCli(self.runner, kernel_log=self.log)
+        #: options written to /dev/nvme-fabrics (as dicts); errors to raise, in order
+        self.fabrics_writes: list[dict[str, str]] = []
+        self.fabrics_errors: list[OSError] = []
+        self.cli = NvmeCli(self.runner, kernel_log=self.log, fabrics_write=self.fabrics_write)
 
     @staticmethod
     def opt(argv: tuple[str, ...], flag: str) -> str | None:
@@ -93,6 +96,20 @@ class FakeKernel:
                                  address=f"traddr={traddr},trsvcid={svc},src_addr=10.9.9.9",
                                  transport=self.opt(argv, "--transport"))
         return CommandResult(argv, 0, json.dumps({"device": f"nvme{inst}"}), "")
+
+    def fabrics_write(self, options: str, _timeout: float) -> str:
+        """/dev/nvme-fabrics: the kernel adds a controller (duplicate_connect honoured)."""
+        opts = dict(t.split("=", 1) if "=" in t else (t, "") for t in options.split(","))
+        self.fabrics_writes.append(opts)
+        if self.fabrics_errors:
+            raise self.fabrics_errors.pop(0)
+        inst = self.next
+        self.next += 1
+        self.fake.add_controller(inst, subsysnqn=opts["nqn"], hostnqn=opts.get("hostnqn"),
+                                 hostid=opts.get("hostid"), transport=opts["transport"],
+                                 address=f"traddr={opts['traddr']},trsvcid={opts['trsvcid']},"
+                                         "src_addr=10.9.9.9")
+        return f"instance={inst},cntlid=1\n"
 
     def disconnect(self, argv: tuple[str, ...], _input: str | None) -> CommandResult:
         name = self.opt(argv, "--device")

@@ -8,7 +8,8 @@ secret is refused. The kernel cannot clear a secret once set (an empty write fai
 turning auth off for a host is refused with the way to do it.
 
 A GPU host re-authenticates once per secret it is given: rotating one secret at a time
-keeps its controllers live; both at once can make them reconnect once (warned about).
+keeps its controllers live; for both at once it replaces each controller with a new one
+(agent.initiator.connect.refresh_secrets), which is warned about here.
 """
 
 from __future__ import annotations

@@ -185,12 +185,8 @@ def refresh_secrets(target: Target, controllers: list[Controller], sysfs: Sysfs,
     result: list[Controller] = []
     refused: list[KvagentError] = []
     changed = False
-    opts = target.options
-    wanted = (("dhchap_secret", opts.dhchap_secret),
-              ("dhchap_ctrl_secret", opts.dhchap_ctrl_secret))
     for ctrl in controllers:
-        stale = [(attr, secret) for attr, secret in wanted
-                 if secret is not None and sysfs.controller_secret(ctrl.name, attr) != secret]
+        stale = stale_secrets(target, ctrl, sysfs)
         if len(stale) == 1:
             sysfs.set_controller_secrets(ctrl.name, stale)
             log.info("new DH-HMAC-CHAP secret given: re-authenticating", controller=ctrl.name,
@@ -206,6 +202,16 @@ def refresh_secrets(target: Target, controllers: list[Controller], sysfs: Sysfs,
                 refused.append(exc)
         result.append(ctrl)
     return ConnectResult(tuple(result), changed=changed, refused=tuple(refused))
+
+
+def stale_secrets(target: Target, ctrl: Controller, sysfs: Sysfs) -> list[tuple[str, str]]:
+    """The target's DH-HMAC-CHAP secrets that ``ctrl`` does not have yet, as
+    ``(attribute, secret)``: the host secret first."""
+    opts = target.options
+    wanted = (("dhchap_secret", opts.dhchap_secret),
+              ("dhchap_ctrl_secret", opts.dhchap_ctrl_secret))
+    return [(attr, secret) for attr, secret in wanted
+            if secret is not None and sysfs.controller_secret(ctrl.name, attr) != secret]
 
 
 def _replace_controller(target: Target, old: Controller, sysfs: Sysfs, *, cli: NvmeCli,

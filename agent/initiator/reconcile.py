@@ -47,7 +47,15 @@ from ..system.mountusers import MountUser, mount_users
 from ..system.run import Runner
 from ..system.xfsquota import project_quota_mode, wants_project_quota, with_project_quota
 from ..tlspsk import read_psk
-from .connect import Target, connect, disconnect_controllers, find_controllers, pool_entries
+from .connect import (
+    ConnectResult,
+    Target,
+    connect,
+    disconnect_controllers,
+    find_controllers,
+    pool_entries,
+    stale_secrets,
+)
 from .devices import NamespaceDevice, wait_for_namespaces
 from .filesystem import (
     XfsSuperblock,
@@ -420,7 +428,8 @@ class InitiatorPass:
             record.subsystems.append(a)
             self._checkpoint()
             try:
-                res = connect(target, cli=self.cli, sysfs=self.sysfs, sleep=self.seams.sleep)
+                res = (self._planned_secrets(pool.name, target) if self.dry_run else
+                       connect(target, cli=self.cli, sysfs=self.sysfs, sleep=self.seams.sleep))
             except ConnectError as exc:
                 # Nothing connected on this path; another path to the same subsystem (target
                 # address) may still work.
@@ -441,6 +450,18 @@ class InitiatorPass:
         if pool.iopolicy is not None:
             self._iopolicy(pool, pool.iopolicy, list(connected))
         return connected
+
+    def _planned_secrets(self, pool: str, target: Target) -> ConnectResult:
+        """Planning: the target's controllers, each new DH-HMAC-CHAP secret an action."""
+        existing = find_controllers(target, self.sysfs)
+        for ctrl in existing:
+            stale = stale_secrets(target, ctrl, self.sysfs)
+            if stale:
+                self._act(pool, "nvme.auth", ctrl.name,
+                          "new DH-HMAC-CHAP secret: re-authenticate" if len(stale) == 1
+                          else "both DH-HMAC-CHAP secrets new: a new controller with them, "
+                          "then this one disconnected")
+        return ConnectResult(tuple(existing), changed=False)
 
     def _find(self, pool: InitiatorPool, connected: dict[str, list[Controller]],
               record: PoolAttachment, old: PoolAttachment | None) -> list[NamespaceDevice]:

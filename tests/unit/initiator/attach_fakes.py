@@ -224,7 +224,10 @@ node:
                                 address=f"traddr={traddr},trsvcid=4420{host_side},"
                                         "src_addr=10.0.0.9",
                                 ctrl_loss_tmo="off" if loss < 0 else -(-loss // delay) * delay,
-                                reconnect_delay=delay, fast_io_fail_tmo="off")
+                                reconnect_delay=delay, fast_io_fail_tmo="off",
+                                dhchap_secret=self.opt(argv, "--dhchap-secret") or "none",
+                                dhchap_ctrl_secret=self.opt(argv, "--dhchap-ctrl-secret")
+                                or "none")
         first = next((c for c in self.sysfs.controllers()
                       if c.subsysnqn == nqn and c.name != f"nvme{inst}"), None)
         if first is not None:  # a second path: the kernel adds it to the same subsystem

@@ -328,9 +328,14 @@ def test_outage_fails_fast_and_the_agent_recovers_the_shut_down_xfs(
     assert kit.digest_of(str(mount / "keep.bin")) == digest, "data fsynced before the outage"
     [rec] = InitiatorRecords.load(lab.state)["kv"].recoveries
     assert (rec.mount, rec.count) == (str(mount), 1)
+    # The recovery needs one live path; status is ok once both have reconnected (each
+    # retries every reconnect_delay: under TCG the second can come seconds later).
+    kit.wait_for(lambda: all(kit.read(c / "state") == "live" for c in ctrls), 60,
+                 what="both paths live again")
     code, doc = status_json(lab)
     (pool,) = [p for p in doc["pools"] if p["role"] == "initiator"]
-    assert pool["state"] == "ok" and pool["initiator"]["mount"]["shut_down"] == [], pool
+    assert pool["state"] == "ok" and pool["initiator"]["mount"]["shut_down"] == [], \
+        pool["problems"]
     assert pool["initiator"]["recoveries"]["count"] == 1
     metrics = render_metrics(collect(load_config(lab.config), RecordingRunner(),
                                      drives=False)).decode()

@@ -258,10 +258,10 @@ def _replace_controller(target: Target, old: Controller, sysfs: Sysfs, *, cli: N
 
 
 def _live_with_paths(target: Target, sysfs: Sysfs, name: str | None, nsids: set[int],
-                     settle: float, sleep: Callable[[float], None]) -> Controller | None:
+                     wait: float, sleep: Callable[[float], None]) -> Controller | None:
     """Controller ``name`` of ``target`` once it is live with a path to each of ``nsids``;
-    None if it is not within ``settle`` seconds."""
-    deadline = time.monotonic() + settle
+    None if it is not within ``wait`` seconds."""
+    deadline = time.monotonic() + wait
     while True:
         ctrl = next((c for c in find_controllers(target, sysfs) if c.name == name), None)
         if ctrl is not None and ctrl.state == "live":

@@ -25,6 +25,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from agent.config import Config, parse_config
 from agent.initiator.filesystem import XfsSuperblock
 from agent.initiator.nvmecli import NoKernelLog, NvmeCli
@@ -410,3 +412,14 @@ node:
             else:
                 self.numbers.pop(f"/dev/{vg}/data", None)
         return self.ok(argv)
+
+
+def fabrics_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                 exports: list[Export]) -> FakeHost:
+    """A FakeHost serving ``exports`` with nvme-fabrics and nvme-tcp loaded and
+    ``os.path.ismount`` answered from its mount table (the attach tests' fixture)."""
+    h = FakeHost(tmp_path, exports=exports)
+    monkeypatch.setattr(os.path, "ismount", lambda p: os.fspath(p) in h.mounts())
+    for module in ("nvme_fabrics", "nvme_tcp"):
+        (tmp_path / "sys/module" / module).mkdir(parents=True)
+    return h

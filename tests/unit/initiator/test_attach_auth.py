@@ -4,14 +4,13 @@ The kernel's side: tests/kernel/test_auth.py."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from agent.dhchap import generate, read_secret, write_secret
 
-from .attach_fakes import PREFIX, Export, FakeHost
+from .attach_fakes import PREFIX, Export, FakeHost, fabrics_host
 from .test_attach_reconcile import pool_yaml, run
 
 NQN = f"{PREFIX}:store1:kv:gpu0"
@@ -19,11 +18,7 @@ NQN = f"{PREFIX}:store1:kv:gpu0"
 
 @pytest.fixture
 def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHost:
-    h = FakeHost(tmp_path, exports=[Export(NQN, [1])])
-    monkeypatch.setattr(os.path, "ismount", lambda p: os.fspath(p) in h.mounts())
-    for module in ("nvme_fabrics", "nvme_tcp"):
-        (tmp_path / "sys/module" / module).mkdir(parents=True)
-    return h
+    return fabrics_host(tmp_path, monkeypatch, [Export(NQN, [1])])
 
 
 def test_a_plan_shows_a_new_secret_and_writes_none(host: FakeHost, tmp_path: Path) -> None:

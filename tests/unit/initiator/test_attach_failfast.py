@@ -5,14 +5,13 @@ tests/unit/initiator/attach_fakes.py; the real kernel: tests/kernel/test_cache_f
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from agent.system.mountusers import MountUser
 
-from .attach_fakes import PREFIX, Export, FakeHost
+from .attach_fakes import PREFIX, Export, FakeHost, fabrics_host
 from .test_attach_reconcile import kinds, ns_mounts, pool_yaml, run, state
 
 NQN = f"{PREFIX}:store1:kv:gpu0"
@@ -20,11 +19,7 @@ NQN = f"{PREFIX}:store1:kv:gpu0"
 
 @pytest.fixture
 def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHost:
-    h = FakeHost(tmp_path, exports=[Export(NQN, [1, 2])])
-    monkeypatch.setattr(os.path, "ismount", lambda p: os.fspath(p) in h.mounts())
-    for module in ("nvme_fabrics", "nvme_tcp"):
-        (tmp_path / "sys/module" / module).mkdir(parents=True)
-    return h
+    return fabrics_host(tmp_path, monkeypatch, [Export(NQN, [1, 2])])
 
 
 def with_connect(host: FakeHost, connect: str, **kw: object) -> str:

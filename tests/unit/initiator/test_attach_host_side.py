@@ -4,12 +4,11 @@ tests/unit/initiator/attach_fakes.py)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from .attach_fakes import PREFIX, Export, FakeHost
+from .attach_fakes import PREFIX, Export, FakeHost, fabrics_host
 from .test_attach_failfast import with_connect
 from .test_attach_reconcile import run
 
@@ -18,11 +17,7 @@ NQN = f"{PREFIX}:store1:kv:gpu0"
 
 @pytest.fixture
 def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHost:
-    h = FakeHost(tmp_path, exports=[Export(NQN, [1])])
-    monkeypatch.setattr(os.path, "ismount", lambda p: os.fspath(p) in h.mounts())
-    for module in ("nvme_fabrics", "nvme_tcp"):
-        (tmp_path / "sys/module" / module).mkdir(parents=True)
-    return h
+    return fabrics_host(tmp_path, monkeypatch, [Export(NQN, [1])])
 
 
 def test_the_host_side_is_connected_from_and_a_converged_pass_runs_nothing(

@@ -532,10 +532,37 @@ class EngineConfig:
         "renders without looking (you checked GDS, e.g. with gdscheck, and the engine's "
         "image brings its own cuFile).", "check")
 
+    tensor_parallel: int = doc_field(
+        "GPU ranks of one engine instance (its tensor-parallel size) that use the pool. "
+        "Engines whose disk size is per rank or per worker (SGLang, Mooncake, LMCache) "
+        "get each directory's cap divided by tensor_parallel × data_parallel, so all ranks "
+        "together stay under the hard cap instead of meeting ENOSPC.", 1,
+        minimum=1, maximum=1024)
+    data_parallel: int = doc_field(
+        "Engine instances (data-parallel replicas) on this host that share each of the "
+        "pool's directories.", 1, minimum=1, maximum=1024)
+    cpu_cache: Size | None = doc_field(
+        "vllm only, and required for it: host RAM for vLLM's CPU tier, which its "
+        "OffloadingConnector needs in front of the disk tier (rendered as "
+        "cpu_bytes_to_use, bytes for all of the instance's workers together; vLLM refuses "
+        "to start without it). kvagent does not size host RAM: the operator gives it.", None)
+    backend: Literal["file", "mooncake"] | None = doc_field(
+        "sglang only: HiCache's storage backend on the pool: 'file' (default: SGLang's "
+        "HiCacheFile writes pages under the directory) or 'mooncake' (the Mooncake store "
+        "with SSD offload into the directory, one subdirectory per rank).", None)
+
     def check(self) -> Check:
         if self.gds != "check" and self.kind != "dynamo":
             yield ("gds",), (f"only dynamo's config depends on GPUDirect Storage; {self.kind} "
                              "takes no gds setting")
+        if self.cpu_cache is not None and self.kind != "vllm":
+            yield ("cpu_cache",), (f"only vllm has a CPU tier kvagent renders; {self.kind} "
+                                   "takes no cpu_cache setting")
+        if self.backend is not None and self.kind != "sglang":
+            yield ("backend",), (f"only sglang has a storage backend to choose; {self.kind} "
+                                 "takes no backend setting")
+        if self.cpu_cache is not None and self.cpu_cache <= 0:
+            yield ("cpu_cache",), "must be more than 0 bytes"
 
 
 @dataclass(frozen=True)

@@ -35,12 +35,16 @@ class EngineContext:
     ``directories`` are the engine's own directories, one per namespace mount
     (``<mount>/<storage node>-ns<nsid>/<kind>``); ``capacity_bytes`` is the engine's cap for all of
     them together (at most 90% of the pool; the caller computes it, see
-    ``engines.dirs.engine_capacities``). ``probes`` are the probe results of the
-    mounts; each directory uses the probe of the mount that contains it.
-    ``ranks`` is how many GPU worker processes of one engine instance use a
-    directory (e.g. the tensor-parallel size): engines whose cap is per worker
-    get their share divided by it. ``cpu_bytes`` is host RAM the engine may pin
-    (vLLM's required ``cpu_bytes_to_use``); kvagent does not size host RAM. ``gds`` is
+    ``engines.dirs.engine_capacities``). ``directory_caps`` is each directory's own hard cap
+    (its xfs project quota on that mount, which follows the mount's size: namespaces of a
+    pool may differ); empty means an even split of ``capacity_bytes``. ``probes`` are the
+    probe results of the mounts; each directory uses the probe of the mount that contains
+    it. ``tensor_parallel`` is the GPU ranks of one engine instance and ``data_parallel``
+    the instances on this host that use one directory: engines whose size is per rank or
+    per worker get the directory's cap divided by ``ranks`` (their product), so all of
+    them together stay under it. ``cpu_bytes`` is host RAM the engine may pin (vLLM's
+    required ``cpu_bytes_to_use``, from the engine's ``cpu_cache``). ``backend`` is the
+    engine's storage backend where it has several (SGLang: ``file`` or ``mooncake``). ``gds`` is
     what this host has of GPUDirect Storage, for an engine whose config depends on it
     (``None``: not looked at, the operator vouches for it).
     """
@@ -51,9 +55,17 @@ class EngineContext:
     capacity_bytes: int
     probes: tuple[ProbeResult, ...] = ()
     devices: tuple[str, ...] = ()
-    ranks: int = 1
+    tensor_parallel: int = 1
+    data_parallel: int = 1
     cpu_bytes: int | None = None
     gds: GdsReadiness | None = None
+    directory_caps: tuple[int, ...] = ()
+    backend: str | None = None
+
+    @property
+    def ranks(self) -> int:
+        """GPU worker processes that use one directory (tensor × data parallel)."""
+        return self.tensor_parallel * self.data_parallel
 
     def check(self) -> None:
         """Raise UsageError when the context cannot be rendered."""
@@ -70,8 +82,14 @@ class EngineContext:
         if self.capacity_bytes <= 0:
             raise UsageError(f"pool {self.pool!r}: engine {self.kind} has no capacity "
                              f"({self.capacity_bytes} bytes)")
-        if self.ranks < 1:
-            raise UsageError(f"pool {self.pool!r}: ranks must be at least 1, got {self.ranks}")
+        for name in ("tensor_parallel", "data_parallel"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"pool {self.pool!r}: {name} must be at least 1, got "
+                                 f"{getattr(self, name)}")
+        if self.directory_caps and (len(self.directory_caps) != len(self.directories)
+                                    or min(self.directory_caps) <= 0):
+            raise UsageError(f"pool {self.pool!r}: engine {self.kind} needs one positive cap "
+                             f"per directory, got {list(self.directory_caps)}")
         if self.cpu_bytes is not None and self.cpu_bytes <= 0:
             raise UsageError(f"pool {self.pool!r}: cpu_bytes must be positive")
 
@@ -85,9 +103,21 @@ class EngineContext:
                 best = probe
         return best
 
-    def per_directory_bytes(self) -> int:
-        """The cap of each directory: the engine's capacity split evenly."""
-        return self.capacity_bytes // len(self.directories)
+    def caps(self) -> tuple[int, ...]:
+        """Each directory's hard cap, in the order of ``directories`` (its quota on its
+        mount; an even split of ``capacity_bytes`` when the caller gave none)."""
+        if self.directory_caps:
+            return self.directory_caps
+        return (self.capacity_bytes // len(self.directories),) * len(self.directories)
+
+    def cap_of(self, directory: str) -> int:
+        """The hard cap of one of the engine's directories."""
+        return self.caps()[self.directories.index(directory)]
+
+    def smallest_cap(self) -> int:
+        """The smallest directory cap: the size for an engine that uses one setting for all
+        of its directories, or preallocates it in each."""
+        return min(self.caps())
 
 
 @dataclass(frozen=True)
@@ -97,11 +127,16 @@ class Rendered:
     ``format`` is the engine's main format; each file's own format follows from
     its suffix (``format_of``). ``notes`` tell the operator about fallbacks used,
     keys kvagent could not confirm and settings it leaves to them.
+    ``subdirectories`` must each lie inside one of the context's directories.
     """
 
     files: Mapping[str, str]
     format: Format
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: Directories the engine needs to exist before it starts (e.g. one per rank, inside
+    #: the engine's directories, so inside its cap): apply makes them with the engine's
+    #: owner, group and mode.
+    subdirectories: tuple[str, ...] = ()
 
     def format_of(self, name: str) -> Format:
         """The format of one rendered file, from its suffix."""

@@ -88,6 +88,29 @@ def prepare(mounts: Sequence[str], engine: EngineConfig, *, require_mount: bool 
     return tuple(_prepare_one(engine_dir(m, engine.kind), uid, gid, mode) for m in mounts)
 
 
+def prepare_subdirectories(paths: Sequence[str], mounts: Sequence[str], engine: EngineConfig,
+                           ) -> tuple[PreparedDir, ...]:
+    """Create or fix directories an engine needs inside its own (one per rank, say),
+    with the engine's owner, group and mode; idempotent. Each path must lie inside the
+    engine's directory on one of ``mounts`` (so inside its cap), one level or more down;
+    a symlink or non-directory anywhere on the way is refused, never replaced."""
+    uid = resolve_user(engine.owner)
+    gid = resolve_group(engine.group)
+    roots = [engine_dir(m, engine.kind) for m in mounts]
+    done: list[PreparedDir] = []
+    for path in paths:
+        root = next((r for r in roots if os.path.normpath(path).startswith(r + "/")), None)
+        if root is None or os.path.normpath(path) != path:
+            raise KvagentError(f"{path} is not inside the {engine.kind} engine's directories",
+                               hint="a renderer bug: kvagent makes directories only inside "
+                                    "the engine's own")
+        parts = os.path.relpath(path, root).split(os.sep)
+        for depth in range(1, len(parts) + 1):
+            done.append(_prepare_one(os.path.join(root, *parts[:depth]), uid, gid,
+                                     int(engine.mode)))
+    return tuple(done)
+
+
 def _prepare_one(path: str, uid: int, gid: int, mode: int) -> PreparedDir:
     changes: list[str] = []
     try:

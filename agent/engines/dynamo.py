@@ -66,7 +66,7 @@ def render(ctx: EngineContext) -> Rendered:
                      "nvidia-fs and cuFile (gdscheck -p shows them)")
     else:
         notes.append(ctx.gds.describe())
-    per_dir = ctx.per_directory_bytes()
+    per_dir = ctx.smallest_cap()
     gb = per_dir // GB
     names = indexed_names(CONFIG_BASE, ".env", len(ctx.directories))
     files: dict[str, str] = {}

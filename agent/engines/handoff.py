@@ -39,7 +39,7 @@ from ..system.probes import (
 from ..system.xfsquota import QuotaOps, XfsQuota
 from . import EngineContext, Rendered, cleaner, quota
 from . import render as render_kind
-from .dirs import engine_capacities, engine_dir, prepare
+from .dirs import engine_capacities, engine_dir, prepare, prepare_subdirectories
 
 Prober = Callable[..., ProbeResult]
 GdsProbe = Callable[[], GdsReadiness]
@@ -100,11 +100,14 @@ def hand_off(cfg: Config, pool: InitiatorPool, mounts: tuple[str, ...] | list[st
     for engine in pool.engines:
         out_dir = out_root / engine.kind
         try:
-            rendered = render_engine(pool, engine.kind, mounts, caps[engine.kind], probes,
+            rendered = render_engine(pool, engine, mounts, caps[engine.kind], probes,
                                      gds=readiness if engine.gds == "check" else None)
+            for prepared in prepare_subdirectories(rendered.subdirectories, mounts, engine):
+                if prepared.changes:
+                    act("engine.dir", prepared.path, ", ".join(prepared.changes))
         except KvagentError as exc:
             fail(exc)
-            if out_dir.is_dir():  # a config that would hang the engine must not stay
+            if out_dir.is_dir():  # a config the engine refuses or that hangs it must not stay
                 shutil.rmtree(out_dir)
                 act("engine.unrender", str(out_dir), f"{engine.kind}: refused")
             continue
@@ -174,14 +177,41 @@ def _probes(cfg: Config, pool: str, mounts: list[str], transport: str | None,
     return probes
 
 
-def render_engine(pool: InitiatorPool, kind: str, mounts: list[str], capacity: int,
+def directory_caps(pool: InitiatorPool, kind: str, mounts: list[str], capacity: int,
+                   probes: list[ProbeResult]) -> tuple[int, ...]:
+    """Each of the engine's directories' hard cap: its xfs project quota on that mount
+    (``quota.mount_caps`` of the mount's size), so an engine is never told more than its
+    quota where namespaces differ in size. A mount of unknown size gets an even split of
+    ``capacity``."""
+    sizes = {p.path: p.total_bytes for p in probes}
+    even = capacity // len(mounts) if mounts else 0
+    caps = []
+    for mount in mounts:
+        size = sizes.get(mount)
+        caps.append(quota.mount_caps(size, pool.engines)[kind] if size else even)
+    return tuple(caps)
+
+
+def engine_context(pool: InitiatorPool, engine: EngineConfig, mounts: list[str],
+                   capacity: int, probes: list[ProbeResult], *,
+                   gds: GdsReadiness | None = None) -> EngineContext:
+    """What one engine's renderer gets for a mounted pool."""
+    return EngineContext(
+        pool=pool.name, kind=engine.kind,
+        directories=tuple(engine_dir(m, engine.kind) for m in mounts),
+        capacity_bytes=capacity, probes=tuple(probes), gds=gds,
+        directory_caps=directory_caps(pool, engine.kind, mounts, capacity, probes),
+        tensor_parallel=engine.tensor_parallel, data_parallel=engine.data_parallel,
+        cpu_bytes=None if engine.cpu_cache is None else int(engine.cpu_cache),
+        backend=engine.backend)
+
+
+def render_engine(pool: InitiatorPool, engine: EngineConfig, mounts: list[str], capacity: int,
                   probes: list[ProbeResult], *, gds: GdsReadiness | None = None) -> Rendered:
     """Render one engine's config for a mounted pool (``gds``: this host's GPUDirect
     Storage, for an engine whose config depends on it; None: not checked)."""
-    ctx = EngineContext(pool=pool.name, kind=kind,  # type: ignore[arg-type]
-                        directories=tuple(engine_dir(m, kind) for m in mounts),
-                        capacity_bytes=capacity, probes=tuple(probes), gds=gds)
-    return render_kind(kind, ctx)
+    ctx = engine_context(pool, engine, mounts, capacity, probes, gds=gds)
+    return render_kind(engine.kind, ctx)
 
 
 def probe_from_json(data: dict[str, Any]) -> ProbeResult:
@@ -215,6 +245,7 @@ class AttachedRender:
     capacity_bytes: int
     probes_from: str  # "record" (apply's probes) or "now"
     rendered: Rendered
+    directory_caps: tuple[int, ...] = ()
 
 
 def render_attached(cfg: Config, pool_name: str, kind: str, *, probe_now: bool = False,
@@ -265,6 +296,7 @@ def render_attached(cfg: Config, pool_name: str, kind: str, *, probe_now: bool =
     engine = next(e for e in pool.engines if e.kind == kind)
     readiness = ((gds or probe_gds)() if engine.kind == "dynamo" and engine.gds == "check"
                  else None)
-    rendered = render_engine(pool, kind, mounts, caps[kind], probes, gds=readiness)
+    ctx = engine_context(pool, engine, mounts, caps[kind], probes, gds=readiness)
+    rendered = render_kind(kind, ctx)
     return AttachedRender(pool_name, kind, tuple(mounts), tuple(dirs), caps[kind], source,
-                          rendered)
+                          rendered, ctx.caps())

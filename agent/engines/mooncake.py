@@ -27,10 +27,10 @@ def render(ctx: EngineContext) -> Rendered:
     """One env file per directory (one Mooncake client each)."""
     ctx.check()
     notes = probe_notes(ctx)
-    per_rank = ctx.per_directory_bytes() // ctx.ranks
     names = indexed_names(CONFIG_BASE, ".env", len(ctx.directories))
     files: dict[str, str] = {}
     for name, directory in zip(names, ctx.directories, strict=True):
+        per_rank = ctx.cap_of(directory) // ctx.ranks
         files[name] = dump_env(ctx, {
             "MOONCAKE_OFFLOAD_ENABLED": "true",
             "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": directory,

@@ -31,10 +31,10 @@ def render(ctx: EngineContext) -> Rendered:
     """``sglang.args`` plus one env file per directory (one SGLang server each)."""
     ctx.check()
     notes = probe_notes(ctx)
-    per_rank = ctx.per_directory_bytes() // ctx.ranks
     files: dict[str, str] = {ARGS_NAME: dump_args(ARGS)}
     names = indexed_names(ENV_BASE, ".env", len(ctx.directories))
     for name, directory in zip(names, ctx.directories, strict=True):
+        per_rank = ctx.cap_of(directory) // ctx.ranks
         files[name] = dump_env(ctx, {
             "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": directory,
             "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE": str(per_rank),

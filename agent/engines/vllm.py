@@ -50,7 +50,7 @@ def render(ctx: EngineContext) -> Rendered:
                      "instance each (secondary tiers in one list are a hierarchy, not shards)")
     notes.append(
         f"vLLM's fs tier has no documented size cap and does not evict on disk: kvagent's cap "
-        f"of {ctx.per_directory_bytes()} bytes per directory is a hard limit (the directory's "
+        f"of {min(ctx.caps())} to {max(ctx.caps())} bytes per directory is a hard limit (the directory's "
         "xfs project quota, on pools mounted with prjquota, the default): vLLM gets ENOSPC "
         "there and stores nothing more; kvagent deletes nothing unless the engine's cleaner "
         "is turned on (engines[].cleaner: oldest files first)")

@@ -74,6 +74,8 @@ def ctx(kind: EngineKind, dirs: tuple[str, ...] = ("/mnt/kv/ns0/x",), cap: int =
         probes=None, **kw) -> EngineContext:
     if probes is None:
         probes = tuple(probe(d.rsplit("/", 1)[0]) for d in dirs)
+    if "ranks" in kw:
+        kw["tensor_parallel"] = kw.pop("ranks")
     return EngineContext("pool-a", kind, dirs, cap, probes, **kw)
 
 
@@ -339,11 +341,12 @@ def test_probe_of_the_longest_matching_mount_is_used() -> None:
     ({"dirs": ("/a/x", "/a/x")}, "twice"),
     ({"dirs": ("/a,b",)}, "','"),
     ({"cap": 0}, "no capacity"),
-    ({"ranks": 0}, "ranks"),
+    ({"ranks": 0}, "tensor_parallel"),
 ])
 def test_bad_context_is_a_usage_error(bad: dict, message: str) -> None:
     kw = {"dirs": ("/mnt/kv/ns0/lmcache",), "cap": GIB} | bad
-    c = EngineContext("pool-a", "lmcache", kw["dirs"], kw["cap"], (), ranks=bad.get("ranks", 1))
+    c = EngineContext("pool-a", "lmcache", kw["dirs"], kw["cap"], (),
+                      tensor_parallel=bad.get("ranks", 1))
     with pytest.raises(UsageError, match=message):
         render("lmcache", c)
 

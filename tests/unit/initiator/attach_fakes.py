@@ -162,7 +162,11 @@ class FakeHost:
         return frozenset(d.rsplit("/", 1)[1] for d in vg["pvs"])
 
     def config(self, body: str) -> Config:
-        text = f"""
+        return parse_config(self.config_text(body), "test.yaml")
+
+    def config_text(self, body: str) -> str:
+        """The whole config file for ``body`` (the initiator section)."""
+        return f"""
 version: 1
 node:
   name: gpu0
@@ -172,7 +176,6 @@ node:
   sysfs: {self.root}/sys
   nvme_dir: {self.nvme_dir}
 {body}"""
-        return parse_config(text, "test.yaml")
 
     def _sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)

@@ -141,7 +141,8 @@ def test_the_same_text_as_apply_would_write(lab: Lab) -> None:
     pool = cfg.initiator.pools[0]
     probes = [handoff.probe_from_json(p) for p in
               json.loads((lab.state / "probes/kv.json").read_text())]
-    want = handoff.render_engine(pool, "lmcache", lab.mounts, int(0.3 * 2 * 10**12), probes)
+    lmcache = next(e for e in pool.engines if e.kind == "lmcache")
+    want = handoff.render_engine(pool, lmcache, lab.mounts, int(0.3 * 2 * 10**12), probes)
     res = lab.run("engines", "render", "kv", "--engine", "lmcache")
     assert res.stdout == want.files["lmcache.yaml"]
 

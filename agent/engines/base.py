@@ -26,6 +26,17 @@ _SUFFIX_FORMAT: dict[str, Format] = {
 }
 GIB = 1024**3
 GB = 1000**3
+#: Share of a directory's hard cap an engine's own size setting leaves free. Engines count
+#: the bytes they write; the filesystem allocates blocks (each file rounds up to 4 KiB,
+#: directories and xattrs take blocks too, a file being replaced exists twice for a
+#: moment): an engine told its whole quota meets ENOSPC before its evictor runs.
+HEADROOM_PERCENT = 3
+
+
+def engine_bytes(cap: int, ranks: int = 1) -> int:
+    """What one of ``ranks`` engine processes sharing a directory whose hard cap is ``cap``
+    may be told to fill: the cap less :data:`HEADROOM_PERCENT`, split evenly."""
+    return cap * (100 - HEADROOM_PERCENT) // 100 // ranks
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,29 @@ SYSTEM_DIRECTORIES = frozenset({
 })
 #: Kernel filesystems: no mount root anywhere under them.
 KERNEL_TREES = ("/proc", "/sys", "/dev")
+#: Mount options of which at most one may be given: each set's members contradict each
+#: other (mount(8) takes the last one silently). Project-quota modes count as one set.
+EXCLUSIVE_MOUNT_OPTIONS = (
+    frozenset({"ro", "rw"}), frozenset({"sync", "async"}),
+    frozenset({"atime", "noatime", "relatime", "strictatime"}),
+    frozenset({"diratime", "nodiratime"}), frozenset({"dev", "nodev"}),
+    frozenset({"exec", "noexec"}), frozenset({"suid", "nosuid"}),
+    frozenset({"prjquota", "pquota", "pqnoenforce", "noquota"}),
+)
+
+
+def mount_option_problems(options: tuple[str, ...]) -> Iterator[tuple[int, str]]:
+    """(index, why) for each mount option that contradicts an earlier one."""
+    seen: dict[str, int] = {}
+    for i, opt in enumerate(options):
+        for group in EXCLUSIVE_MOUNT_OPTIONS:
+            if opt not in group:
+                continue
+            other = next(((o, j) for o, j in seen.items() if o in group and o != opt), None)
+            if other is not None and {opt, other[0]} != {"prjquota", "pquota"}:
+                yield i, (f"{opt!r} contradicts {other[0]!r} (mount_options[{other[1]}]): "
+                          "keep one")
+        seen.setdefault(opt, i)
 
 
 def system_directory_problem(path: str) -> str | None:
@@ -485,6 +508,14 @@ class ConnectOptions:
     host_iface: str | None = doc_field("Network interface to connect through (TCP).", None)
     host_traddr: IPAddress | None = doc_field("Local address to connect from.", None)
 
+    def check(self) -> Check:
+        if (self.fast_io_fail_tmo != "off" and self.ctrl_loss_tmo != "forever"
+                and self.fast_io_fail_tmo >= self.ctrl_loss_tmo):
+            yield ("fast_io_fail_tmo",), (
+                f"{self.fast_io_fail_tmo} is not below ctrl_loss_tmo ({self.ctrl_loss_tmo}): "
+                "the kernel gives the controller up before I/O would fail fast, so it never "
+                "does; make it shorter than ctrl_loss_tmo, or set ctrl_loss_tmo: forever")
+
 
 @dataclass(frozen=True)
 class EngineCleaner:
@@ -625,6 +656,12 @@ class InitiatorPool:
         for i, opt in enumerate(self.mount_options):
             if not opt or "," in opt or any(c.isspace() for c in opt):
                 yield ("mount_options", i), f"{opt!r} must be one option without ',' or spaces"
+        for i, why in mount_option_problems(self.mount_options):
+            yield ("mount_options", i), why
+        if "ro" in self.mount_options and not self.shared:
+            yield ("mount_options", self.mount_options.index("ro")), (
+                "a read-only mount: the engines cannot write their cache, and kvagent cannot "
+                "prepare their directories or caps")
         if self.shared and self.engines:
             yield ("engines",), "engines need a filesystem; a shared (raw-block) pool has none"
         for i, t in enumerate(self.targets if self.tls else ()):

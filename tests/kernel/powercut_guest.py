@@ -51,7 +51,7 @@ def write_config(with_file_pool: bool, lv_size: str = "320MiB") -> None:
        backing: {{kind: file, directory: {ROOT}/files}}}}""" if with_file_pool else ""
     file_attach = f"""
     - {{name: fl, target: {target}, mount: /tmp/kvmnt/fl, layout: striped,
-       engines: [{{kind: vllm}}]}}""" if with_file_pool else ""
+       engines: [{{kind: vllm, cpu_cache: 1GiB}}]}}""" if with_file_pool else ""
     CONFIG.write_text(f"""
 version: 1
 node: {{name: lab, nqn_prefix: {PREFIX}, state_dir: {ROOT}/state, run_dir: /run/kvagent}}

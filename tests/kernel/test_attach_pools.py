@@ -78,12 +78,16 @@ def file_pool(lab: Lab, name: str, count: int, size: str, shared: bool = False) 
 """
 
 
+#: Settings some engines need in the config (vllm's CPU tier; dynamo without GDS checks).
+EXTRA = {"dynamo": ", gds: trust", "vllm": ", cpu_cache: 1GiB"}
+
+
 def initiator_pool(lab: Lab, name: str, transport: str, address: str, *,
                    layout: str = "per-namespace", shared: bool = False,
                    engines: tuple[str, ...] = ()) -> str:
     # The VM has no GPUDirect Storage: Dynamo's render is checked elsewhere
     # (test_cache_quota.py refuses it here); these tests render it unchecked.
-    eng = ", ".join(f"{{kind: {k}{', gds: trust' if k == 'dynamo' else ''}}}" for k in engines)
+    eng = ", ".join(f"{{kind: {k}{EXTRA.get(k, '')}}}" for k in engines)
     return f"""
     - name: {name}
       target: {{transport: {transport}, address: {address}, service: 4420}}

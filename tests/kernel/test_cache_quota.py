@@ -57,7 +57,7 @@ def write_config(lab: Lab, *, options: str | None = None, vllm_cleaner: bool = F
     nqn = subsystem_nqn(PREFIX, "lab", "kv", "lab")
     opts = f"\n      mount_options: [{options}]" if options else ""
     cleaner = ", cleaner: {enabled: true, high: 90%, low: 50%}" if vllm_cleaner else ""
-    extra = ", {kind: dynamo}" if dynamo else ""
+    extra = "\n        - {kind: dynamo}" if dynamo else ""
     lab.write(f"""
 version: 1
 node: {{name: lab, nqn_prefix: {PREFIX}, state_dir: {lab.state}, run_dir: {lab.root}/run}}
@@ -76,7 +76,9 @@ initiator:
       target: {{transport: tcp, address: 127.0.0.1, service: 4420, subsystem: "{nqn}"}}
       mount: {lab.root}/mnt/kv{opts}
       connect: {{ctrl_loss_tmo: forever, reconnect_delay: 2s}}
-      engines: [{{kind: vllm, capacity: 20%{cleaner}}}, {{kind: lmcache, capacity: 40%}}{extra}]
+      engines:
+        - {{kind: vllm, capacity: 20%, cpu_cache: 1GiB{cleaner}}}
+        - {{kind: lmcache, capacity: 40%}}{extra}
 """)
 
 

@@ -61,7 +61,7 @@ initiator:
   pools:
     - {{name: lv, target: {target}, mount: {lab.root}/mnt/lv, engines: [{{kind: lmcache}}]}}
     - {{name: fl, target: {target}, mount: {lab.root}/mnt/fl, layout: striped,
-       engines: [{{kind: vllm}}]}}
+       engines: [{{kind: vllm, cpu_cache: 1GiB}}]}}
 """
     return load_config(lab.write(text))
 

@@ -41,7 +41,7 @@ initiator:
     - name: kv
       target: {{transport: tcp, address: 127.0.0.1, service: 4420}}
       mount: {lab.root}/mnt/kv
-      engines: [{{kind: lmcache, capacity: 45%}}, {{kind: vllm, capacity: 45%}}]
+      engines: [{{kind: lmcache, capacity: 45%}}, {{kind: vllm, capacity: 45%, cpu_cache: 1GiB}}]
 """
     return text
 

@@ -178,6 +178,25 @@ BROKEN = [
      "initiator.pools[0].connect.reconnect_delay", "not a duration"),
     ("target-and-targets", f"{INI}.targets", [{"transport": "tcp", "address": "10.0.0.12"}],
      "initiator.pools[0].target", "not both"),
+    # Fields that cannot apply: an engine-only field on another engine, contradicting mount
+    # options, a fast-fail timeout the controller loss timeout would cut short.
+    ("cpu-cache-on-lmcache", f"{INI}.engines.0.cpu_cache", "8GiB",
+     "initiator.pools[0].engines[0].cpu_cache", "only vllm"),
+    ("backend-on-lmcache", f"{INI}.engines.0.backend", "mooncake",
+     "initiator.pools[0].engines[0].backend", "only sglang"),
+    ("sglang-backend-unknown", f"{INI}.engines", [{"kind": "sglang", "backend": "nfs"}],
+     "initiator.pools[0].engines[0].backend", "mooncake"),
+    ("tensor-parallel-zero", f"{INI}.engines.0.tensor_parallel", 0,
+     "initiator.pools[0].engines[0].tensor_parallel", "out of range 1-1024"),
+    ("atime-contradiction", f"{INI}.mount_options", ["noatime", "relatime"],
+     "initiator.pools[0].mount_options[1]", "contradicts 'noatime'"),
+    ("quota-contradiction", f"{INI}.mount_options", ["prjquota", "noquota"],
+     "initiator.pools[0].mount_options[1]", "contradicts 'prjquota'"),
+    ("read-only-mount", f"{INI}.mount_options", ["ro"],
+     "initiator.pools[0].mount_options[0]", "read-only"),
+    ("fast-fail-not-below-loss", f"{INI}.connect",
+     {"ctrl_loss_tmo": "10s", "fast_io_fail_tmo": "10s"},
+     "initiator.pools[0].connect.fast_io_fail_tmo", "not below ctrl_loss_tmo"),
     ("bad-listen", "health.listen", "localhost", "health.listen", "host:port"),
     ("section-not-mapping", "health", ["listen"], "health", "mapping"),
 ]
@@ -216,6 +235,19 @@ def test_message_gives_the_line_of_the_field(tmp_path: Path) -> None:
     expected = 1 + text.splitlines().index(
         next(ln for ln in text.splitlines() if "tcpx" in ln))
     assert (problem.field, problem.line) == ("target.ports[0].transport", expected)
+
+
+@pytest.mark.parametrize("options", [["noatime", "prjquota", "pquota"], ["rw", "nodev"]])
+def test_options_that_agree_are_fine(options: list[str]) -> None:
+    data = base()
+    data["initiator"]["pools"][0]["mount_options"] = options
+    assert parse_config(yaml.safe_dump(data)).initiator.pools[0].mount_options == tuple(options)
+
+
+def test_fast_fail_below_a_finite_loss_timeout_is_fine() -> None:
+    data = base()
+    data["initiator"]["pools"][0]["connect"] = {"ctrl_loss_tmo": "60s", "fast_io_fail_tmo": "5s"}
+    assert parse_config(yaml.safe_dump(data)).initiator.pools[0].connect.fast_io_fail_tmo == 5
 
 
 def test_every_problem_is_reported_at_once() -> None:

@@ -37,7 +37,8 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHost:
     return h
 
 
-def pool_yaml(host: FakeHost, engines: tuple[str, ...] = ("kind: lmcache", "kind: vllm"),
+def pool_yaml(host: FakeHost,
+              engines: tuple[str, ...] = ("kind: lmcache", "kind: vllm, cpu_cache: 1GiB"),
               options: str | None = None) -> str:
     eng = ", ".join(f"{{{e}, owner: '{UID}', group: '{GID}'}}" for e in engines)
     opts = f"\n      mount_options: [{options}]" if options is not None else ""
@@ -153,7 +154,8 @@ def test_a_busy_pool_is_left_mounted_and_tried_again_next_pass(host: FakeHost) -
 
 # --------------------------------------------------------------------- cleaner
 def test_the_cleaner_runs_only_when_turned_on(host: FakeHost) -> None:
-    engines = ("kind: vllm, cleaner: {enabled: true, high: 50%, low: 25%}", "kind: lmcache")
+    engines = ("kind: vllm, cpu_cache: 1GiB, cleaner: {enabled: true, high: 50%, low: 25%}",
+               "kind: lmcache")
     # Small filesystems (800,000 bytes): each engine's cap is 327,680 bytes (45%, in 64 KiB).
     probe = host.probe
     host.probe = lambda path, *a, **kw: dataclasses.replace(probe(path), total_bytes=800_000)
@@ -202,7 +204,7 @@ def test_dynamo_with_gds_trust_is_rendered_without_looking(host: FakeHost) -> No
 
 
 def test_detach_forgets_the_quota_and_cleaner_records(host: FakeHost) -> None:
-    engines = ("kind: vllm, cleaner: {enabled: true}", "kind: lmcache")
+    engines = ("kind: vllm, cpu_cache: 1GiB, cleaner: {enabled: true}", "kind: lmcache")
     assert run(host, pool_yaml(host, engines)).ok
     record = host.root / "state/quota/kv.json"
     assert record.exists()

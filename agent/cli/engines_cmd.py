@@ -1,4 +1,5 @@
-"""``kvagent engines render``: one engine's config for an attached pool."""
+"""``kvagent engines render`` / ``check``: one engine's config for an attached pool, and the
+engine's own verdict on it."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import click
 
 from ..engines import KINDS
 from ..engines.handoff import AttachedRender, render_attached
+from ..engines.verdict import EngineVerdict, judge
+from ..errors import KvagentError
 from .context import load_cli_config
 from .output import emit, output_format
 
@@ -48,8 +51,53 @@ def engines_render(pool: str, kind: str, probe_now: bool) -> None:
         "directories": list(result.directories),
         "capacity_bytes": result.capacity_bytes,
         "probes_from": result.probes_from,
+        "directory_caps": list(result.context.caps()),
     }
     if output_format() != "json":
         for note in result.rendered.notes:
             click.echo(f"kvagent: note: {note}", err=True)
     emit(data, lambda _: _text(result))
+
+
+def _verdict_text(v: EngineVerdict) -> str:
+    version = f" {v.engine_version}" if v.engine_version else ""
+    lines = [f"{v.engine}{version}: {v.verdict} ({v.method or 'no method given'}; {v.python})"]
+    lines += [f"  problem: {p}" for p in v.problems]
+    lines += [f"  {v.engine} said: {m}" for m in v.messages]
+    return "\n".join(lines)
+
+
+@engines_group.command("check")
+@click.argument("pool")
+@click.option("--engine", "kind", required=True, type=click.Choice(KINDS),
+              help="Engine whose own config validation to run.")
+@click.option("--python", "python", default="python3", show_default=True, metavar="PATH",
+              help="The Python the engine is installed in (e.g. its venv's bin/python).")
+def engines_check(pool: str, kind: str, python: str) -> None:
+    """Run engine KIND's own config code on what kvagent rendered for POOL.
+
+    On a GPU host where the engine is installed, its own modules (LMCache's config
+    loader, vLLM's KVTransferConfig and offloading spec, SGLang's argument parser and
+    environment declarations, Mooncake's config loader, KVBM's variable names) read the
+    rendered config under --python, time-boxed, and give their verdict: accepted, or
+    refused with the engine's message, before the engine is started. Exit 0 accepted; 1
+    refused, or the engine cannot be loaded under that Python; 2 for a pool or engine not
+    in the config, or one kvagent refuses to render (e.g. vllm without cpu_cache).
+    """
+    result = render_attached(load_cli_config(), pool, kind)
+    verdict = judge(result.context, result.rendered, python)
+    data = {
+        "pool": result.pool, "engine": verdict.engine, "verdict": verdict.verdict,
+        "engine_version": verdict.engine_version, "method": verdict.method,
+        "problems": list(verdict.problems), "messages": list(verdict.messages),
+        "python": verdict.python, "files": sorted(result.rendered.files),
+    }
+    emit(data, lambda _: _verdict_text(verdict))
+    if not verdict.accepted:
+        raise KvagentError(
+            f"{kind} {verdict.verdict} the config kvagent rendered for pool {pool!r}"
+            if verdict.verdict == "refused" else
+            f"{kind}'s code could not be loaded under {python}",
+            "the engine's own words are above; kvagent engines render shows the files"
+            if verdict.verdict == "refused" else
+            "give the Python the engine is installed in with --python")

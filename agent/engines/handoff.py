@@ -245,7 +245,7 @@ class AttachedRender:
     capacity_bytes: int
     probes_from: str  # "record" (apply's probes) or "now"
     rendered: Rendered
-    directory_caps: tuple[int, ...] = ()
+    context: EngineContext
 
 
 def render_attached(cfg: Config, pool_name: str, kind: str, *, probe_now: bool = False,
@@ -299,4 +299,4 @@ def render_attached(cfg: Config, pool_name: str, kind: str, *, probe_now: bool =
     ctx = engine_context(pool, engine, mounts, caps[kind], probes, gds=readiness)
     rendered = render_kind(kind, ctx)
     return AttachedRender(pool_name, kind, tuple(mounts), tuple(dirs), caps[kind], source,
-                          rendered, ctx.caps())
+                          rendered, ctx)

@@ -57,12 +57,12 @@ def judge(ctx: EngineContext, rendered: Rendered, python: str = "python3", *,
     """Run engine ``ctx.kind``'s checker under ``python`` on ``rendered``.
 
     ``pythonpath`` is put in front of the engine's own path (the contract tests put the
-    pinned wheel's files there). KvagentError when the checker cannot be run or
-    answers with something that is not a verdict.
+    pinned wheel's files there; an operator's own PYTHONPATH, if set, follows). KvagentError
+    when the checker cannot be run or answers with something that is not a verdict.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env = dict(os.environ)
     if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(pythonpath)
+        env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     argv = [python, str(script(ctx.kind))]
     try:

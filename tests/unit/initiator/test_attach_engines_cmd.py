@@ -197,3 +197,68 @@ def test_missing_engine_directory_exits_1(lab: Lab) -> None:
     lab.attach(kinds=("lmcache",))
     res = lab.run("engines", "render", "kv", "--engine", "dynamo")
     assert res.exit_code == 1 and "does not exist" in res.output
+
+
+# ------------------------------------------------------------------ engines check
+def _pinned_lmcache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LMCache 0.5.6's files on PYTHONPATH, as if installed in the engine's Python."""
+    from tests.unit.engines.contract.kit import shim_dir, wheel_files
+
+    path = [str(wheel_files("lmcache"))]
+    if shim_dir("lmcache") is not None:
+        path.append(str(shim_dir("lmcache")))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
+
+
+def test_check_reports_the_engines_verdict(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LMCache's own config loader (the pinned wheel's) accepts what apply would write."""
+    import sys
+
+    lab.attach()
+    _pinned_lmcache(monkeypatch)
+    res = lab.run("-o", "json", "engines", "check", "kv", "--engine", "lmcache",
+                  "--python", sys.executable)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert (data["verdict"], data["engine"], data["problems"]) == ("accepted", "lmcache", [])
+    assert data["engine_version"] == "0.5.6" and data["method"]
+    text = lab.run("engines", "check", "kv", "--engine", "lmcache", "--python", sys.executable)
+    assert text.exit_code == 0 and text.stdout.startswith("lmcache 0.5.6: accepted"), text.output
+
+
+def test_check_fails_with_the_engines_words_on_a_config_it_refuses(
+        lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from agent.engines import _RENDERERS, Rendered, lmcache
+
+    def broken(ctx):  # a renderer bug: a key LMCache does not know
+        good = lmcache.render(ctx)
+        text = good.files["lmcache.yaml"] + "local_disk_size_gib: 5\n"
+        return Rendered({"lmcache.yaml": text}, "yaml", good.notes)
+
+    monkeypatch.setitem(_RENDERERS, "lmcache", broken)
+    lab.attach()
+    _pinned_lmcache(monkeypatch)
+    res = lab.run("engines", "check", "kv", "--engine", "lmcache", "--python", sys.executable)
+    assert res.exit_code == 1, res.output
+    assert "lmcache 0.5.6: refused" in res.stdout and "local_disk_size_gib" in res.stdout
+    assert "refused the config kvagent rendered for pool 'kv'" in res.stderr
+
+
+def test_check_without_the_engine_installed_says_so(lab: Lab) -> None:
+    import sys
+
+    lab.attach()
+    res = lab.run("-o", "json", "engines", "check", "kv", "--engine", "lmcache",
+                  "--python", sys.executable)  # kvagent's venv: no LMCache there
+    assert res.exit_code == 1, res.output
+    assert json.loads(res.stdout)["verdict"] == "unavailable"
+    assert "could not be loaded" in res.stderr and "--python" in res.stderr
+
+
+def test_check_with_a_python_that_does_not_exist(lab: Lab, tmp_path: Path) -> None:
+    lab.attach()
+    res = lab.run("engines", "check", "kv", "--engine", "lmcache",
+                  "--python", str(tmp_path / "no/python"))
+    assert res.exit_code == 1 and "no such Python" in res.stderr, res.output

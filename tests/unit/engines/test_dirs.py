@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 
 from agent.config.model import EngineConfig
 from agent.config.types import AccountName, FileMode, Percent
-from agent.engines.dirs import engine_capacities, prepare, usage, usage_sample
+from agent.engines.dirs import (
+    engine_capacities,
+    prepare,
+    prepare_subdirectories,
+    usage,
+    usage_sample,
+)
 from agent.errors import KvagentError, UsageError
 
 
@@ -48,6 +54,38 @@ def test_prepare_creates_with_mode_and_owner(tmp_path) -> None:
         assert stat.S_IMODE(st_.st_mode) == 0o750
         assert (st_.st_uid, st_.st_gid) == (os.getuid(), os.getgid())
         assert r.changes == ("created",) and r.changed
+
+
+def test_subdirectories_are_made_inside_the_engine_directory(tmp_path) -> None:
+    ms = mounts(tmp_path)
+    prepare(ms, engine(), require_mount=False)
+    want = [os.path.join(ms[0], "lmcache", "r", "rank_0"), os.path.join(ms[1], "lmcache", "r1")]
+    made = prepare_subdirectories(want, ms, engine(mode=0o750))
+    assert [p.path for p in made] == [os.path.join(ms[0], "lmcache", "r"), want[0], want[1]]
+    for p in want:
+        assert stat.S_IMODE(os.stat(p).st_mode) == 0o750
+    assert not any(p.changes for p in prepare_subdirectories(want, ms, engine(mode=0o750)))
+
+
+@pytest.mark.parametrize("path", ["/etc/rank_0", "{m}/other/rank_0", "{m}/lmcache",
+                                  "{m}/lmcache/../vllm/x", "{m}/lmcache/a/"])
+def test_subdirectories_outside_the_engine_directory_are_refused(tmp_path, path) -> None:
+    ms = mounts(tmp_path)
+    prepare(ms, engine(), require_mount=False)
+    with pytest.raises(KvagentError, match="not inside the lmcache engine's directories"):
+        prepare_subdirectories([path.format(m=ms[0])], ms, engine())
+    assert not os.path.exists(os.path.join(ms[0], "vllm"))
+
+
+def test_a_symlink_on_the_way_to_a_subdirectory_is_refused(tmp_path) -> None:
+    ms = mounts(tmp_path)
+    prepare(ms, engine(), require_mount=False)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, os.path.join(ms[0], "lmcache", "r"))
+    with pytest.raises(KvagentError, match="is a symlink"):
+        prepare_subdirectories([os.path.join(ms[0], "lmcache", "r", "rank_0")], ms, engine())
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_prepare_twice_changes_nothing(tmp_path) -> None:

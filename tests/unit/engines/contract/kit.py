@@ -101,6 +101,7 @@ class AppliedPool:
     result: RunResult
     state: Path
     mounts: list[str]
+    quota: FakeQuota
 
     def files(self, kind: str) -> dict[str, str]:
         """What the apply wrote for engine ``kind`` (file name -> text)."""
@@ -180,6 +181,6 @@ def apply_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engines: Sequenc
     for m in passes.attach_configured():
         hand_off(cfg, m.pool, m.mounts, m.transport, m.remounted, result, probe=probe,
                  quotas=quota, gds=lambda: GDS, mountinfo=host.mountinfo)
-    applied = AppliedPool(host, result, Path(cfg.node.state_dir), mounts)
+    applied = AppliedPool(host, result, Path(cfg.node.state_dir), mounts, quota)
     applied._initiator = initiator
     return applied

@@ -52,6 +52,7 @@ def engines_render(pool: str, kind: str, probe_now: bool) -> None:
         "capacity_bytes": result.capacity_bytes,
         "probes_from": result.probes_from,
         "directory_caps": list(result.context.caps()),
+        "subdirectories": list(result.rendered.subdirectories),
     }
     if output_format() != "json":
         for note in result.rendered.notes:

@@ -1,15 +1,22 @@
 """NVIDIA Dynamo KVBM: an environment file for its disk tier (G3).
 
-Checked against ai-dynamo/dynamo lib/llm/src/block_manager/storage/disk.rs,
-lib/bindings/kvbm/src/block_manager/distributed/leader.rs and the KVBM guide;
-see KEYS.md:
-- ``DYN_KVBM_DISK_CACHE_DIR``: where KVBM creates its cache file (default /tmp/).
-- ``DYN_KVBM_DISK_CACHE_GB``: decimal GB (KVBM multiplies by 1_000_000_000),
-  for the whole instance (the leader sums bytes per block over its workers).
-  Older KVBM parsed it as an integer, so kvagent writes a whole number.
+Checked against the pinned wheel kvbm 1.6.1 (its Rust core ``kvbm/_core.abi3.so``
+holds every name below; ``agent/engines/checks/check_dynamo.py`` judges each render)
+and ai-dynamo/dynamo lib/llm/src/block_manager/storage/disk.rs,
+lib/llm/src/block_manager/distributed/leader.rs and
+lib/bindings/kvbm/src/block_manager/distributed/leader.rs; see KEYS.md:
+- ``DYN_KVBM_DISK_CACHE_DIR``: where each KVBM worker creates its cache file
+  (``mkostemp`` of ``dynamo-kvbm-disk-cache-XXXXXX``; default /tmp/).
+- ``DYN_KVBM_DISK_CACHE_GB``: decimal GB (the leader's ``compute_num_blocks`` multiplies
+  by 1_000_000_000 and divides by the bytes per block summed over its tensor-parallel
+  workers; each worker then preallocates its share in its own file in the same
+  directory): the size of one instance, all its TP workers together. Parsed with
+  ``parse::<f64>()`` (older KVBM: an integer) and anything unparsable is 0, the disk
+  tier off: kvagent writes a whole number. ``data_parallel`` instances sharing the
+  directory split it.
 - ``DYN_KVBM_DISK_DISABLE_O_DIRECT`` / ``DYN_KVBM_DISK_ZEROFILL_FALLBACK``: KVBM
-  only checks that they are *set* (any value, even "false", switches them on),
-  so kvagent writes them only when a probe failed.
+  only checks that they are *set* (``std::env::var(..).is_ok()``: any value, even
+  "false", switches them on), so kvagent writes them only when a probe failed.
 
 GPUDirect Storage: with the disk tier sized and no CPU tier (``DYN_KVBM_CPU_CACHE_GB``
 unset, what kvagent renders), KVBM bypasses host memory and moves blocks between GPU
@@ -33,6 +40,7 @@ from .base import (
     EngineContext,
     Rendered,
     dump_env,
+    engine_bytes,
     fallocate_failure,
     indexed_names,
     odirect_failure,
@@ -47,7 +55,7 @@ class GdsNotReady(KvagentError):
 
 
 def render(ctx: EngineContext) -> Rendered:
-    """One env file per directory (one Dynamo worker each).
+    """One env file per directory (for the KVBM instances that use it, with their TP workers).
 
     :class:`GdsNotReady` when ``ctx.gds`` shows GPUDirect Storage missing.
     """
@@ -66,8 +74,8 @@ def render(ctx: EngineContext) -> Rendered:
                      "nvidia-fs and cuFile (gdscheck -p shows them)")
     else:
         notes.append(ctx.gds.describe())
-    per_dir = ctx.smallest_cap()
-    gb = per_dir // GB
+    per_instance = engine_bytes(ctx.smallest_cap(), ctx.data_parallel)
+    gb = per_instance // GB
     names = indexed_names(CONFIG_BASE, ".env", len(ctx.directories))
     files: dict[str, str] = {}
     for name, directory in zip(names, ctx.directories, strict=True):
@@ -89,10 +97,14 @@ def render(ctx: EngineContext) -> Rendered:
                     "EOPNOTSUPP, so no setting helps here; its preallocated cache file may be "
                     "sparse and hit ENOSPC later")
         files[name] = dump_env(ctx, env)
-    notes.append(f"DYN_KVBM_DISK_CACHE_GB={gb} is decimal GB (10^9 bytes), rounded down from "
-                 f"{per_dir} bytes per directory; KVBM preallocates all of it at start")
+    notes.append(f"DYN_KVBM_DISK_CACHE_GB={gb} is decimal GB (10^9 bytes) per KVBM instance, "
+                 f"all its {ctx.tensor_parallel} tensor-parallel worker(s) together (each "
+                 "preallocates its share in its own file), rounded down from "
+                 f"{per_instance} bytes: the smallest directory's quota less headroom, "
+                 f"split among {ctx.data_parallel} instance(s) per directory; KVBM "
+                 "preallocates all of it at start")
     if gb == 0:
-        notes.append("the per-directory share is below 1 GB: KVBM's disk tier would be off")
+        notes.append("the per-instance share is below 1 GB: KVBM's disk tier would be off")
     notes.append("DYN_KVBM_CPU_CACHE_GB (host RAM) is not rendered: older KVBM requires it; "
                  "with only the disk tier set, recent KVBM offloads GPU to disk directly "
                  "through GPUDirect Storage")

@@ -32,16 +32,16 @@ from agent.engines import KINDS
 from agent.naming import filesystem_uuid, subsystem_nqn
 from tests.unit.engines.helpers import parse_env
 from tests.unit.engines.test_render import (
-    DYNAMO_BASE_KEYS,
     LMCACHE_EXTRA_KEYS,
     LMCACHE_KNOWN_KEYS,
-    MOONCAKE_KEYS,
     SGLANG_ARGS,
     SGLANG_ENV_KEYS,
     VLLM_EXTRA_DOCUMENTED,
     VLLM_FS_TIER_DOCUMENTED,
     VLLM_TOP_KEYS,
 )
+from tests.unit.engines.test_render_dynamo import BASE_KEYS as DYNAMO_BASE_KEYS
+from tests.unit.engines.test_render_mooncake import KEYS as MOONCAKE_KEYS
 
 from . import kit
 from .pools import (

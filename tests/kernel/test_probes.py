@@ -66,7 +66,8 @@ def test_xfs_on_null_blk_takes_odirect_and_fallocate(nullb) -> None:
         assert stat.S_IMODE(st.st_mode) == 0o750 and st.st_dev == os.stat(mnt).st_dev
         ctx = EngineContext("p1", "dynamo", (prepared.path,), 2 * 10**9, (result,))
         env = env_lines(render("dynamo", ctx).files["dynamo-kvbm.env"])
-        assert env == {"DYN_KVBM_DISK_CACHE_DIR": prepared.path, "DYN_KVBM_DISK_CACHE_GB": "2"}
+        # 2e9 bytes less 3% headroom (engine_bytes), in whole decimal GB
+        assert env == {"DYN_KVBM_DISK_CACHE_DIR": prepared.path, "DYN_KVBM_DISK_CACHE_GB": "1"}
     finally:
         unmount(mnt)
 

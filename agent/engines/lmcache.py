@@ -1,12 +1,15 @@
 """LMCache: a YAML config file (LMCACHE_CONFIG_FILE) for its local-disk backend.
 
-Keys (checked against LMCache/LMCache lmcache/v1/config.py, config_base.py and
-storage_backend/local_disk_backend.py; see KEYS.md):
-- ``local_disk``: ``file://<dir>/``. LMCache strips ``file://`` only when the
-  value ends with ``/``, so the slash is always written. Several directories
-  are joined with ``,`` (recent LMCache shards them per GPU).
-- ``max_local_disk_size``: a float that LMCache multiplies by 1024**3 (GiB,
-  although its docs say GB), per worker process.
+Keys (checked against the lmcache 0.5.6 wheel: lmcache/v1/config.py, config_base.py,
+storage_backend/path_sharder.py and storage_backend/local_disk_backend.py; see KEYS.md):
+- ``local_disk``: ``file://<dir>/``, several directories joined with ``,``.
+  ``_parse_local_disk`` strips ``file://`` from each entry (older releases only when the
+  value ended with ``/``, so the slash is always written).
+- ``local_disk_path_sharding: by_gpu`` (several directories): each worker's
+  ``PathSharder`` picks ``paths[device % len(paths)]``, ``device`` being the worker's CUDA
+  device index (``torch.cuda.current_device()``).
+- ``max_local_disk_size``: a float that LocalDiskBackend multiplies by 1024**3 (GiB,
+  although its docs say GB); each worker runs its own LocalDiskBackend with that size.
 - ``extra_config.use_odirect``: O_DIRECT for the disk files (default false).
 """
 
@@ -14,14 +17,82 @@ from __future__ import annotations
 
 import math
 
-from .base import GIB, EngineContext, Rendered, dump_yaml, odirect_failure, probe_notes
+from .base import (
+    GIB,
+    HEADROOM_PERCENT,
+    EngineContext,
+    Rendered,
+    dump_yaml,
+    engine_bytes,
+    odirect_failure,
+    probe_notes,
+)
 
 CONFIG_NAME = "lmcache.yaml"
 
 
 def gib_floor(n_bytes: int) -> float:
-    """Bytes as GiB, rounded down to 1/100 GiB so LMCache never exceeds the cap."""
-    return math.floor(n_bytes * 100 / GIB) / 100
+    """Bytes as GiB, rounded down to 1/100 GiB, such that LMCache's own
+    ``int(size * 1024**3)`` never exceeds ``n_bytes`` (float rounding included)."""
+    size = math.floor(n_bytes * 100 / GIB) / 100
+    while size > 0 and int(size * GIB) > n_bytes:
+        size = round(size - 0.01, 2)
+    return max(size, 0.0)
+
+
+def workers_per_directory(ctx: EngineContext) -> int:
+    """The most LMCache workers that can land on one directory.
+
+    Each of an instance's ``tensor_parallel`` ranks has the next CUDA device index
+    (vLLM: ``cuda:<local rank>``), and PathSharder maps device ``d`` to
+    ``paths[d % n]``: a run of ``tensor_parallel`` consecutive devices, wherever it
+    starts, puts at most ``ceil(tensor_parallel / n)`` workers on one path. The
+    ``data_parallel`` instances may each start at any device (separate launches often
+    all start at 0), so each may add that many.
+    """
+    n = len(ctx.directories)
+    return ctx.data_parallel * math.ceil(ctx.tensor_parallel / n)
+
+
+def disk_size(ctx: EngineContext) -> tuple[float, int]:
+    """``max_local_disk_size`` (GiB) and the workers per directory it was sized for: for
+    every directory, that many workers × the size stay within ``engine_bytes`` of its cap."""
+    workers = workers_per_directory(ctx)
+    return min(gib_floor(engine_bytes(cap, workers)) for cap in ctx.caps()), workers
+
+
+def size_notes(ctx: EngineContext, size: float, workers: int) -> list[str]:
+    """What the size assumes, in words."""
+    caps = ", ".join(f"{d}: {c} bytes" for d, c in zip(ctx.directories, ctx.caps(),
+                                                        strict=True))
+    notes = [
+        f"max_local_disk_size is per LMCache worker in GiB (LMCache multiplies it by 1024**3): "
+        f"{size} GiB, so that up to {workers} worker(s) on one directory stay under "
+        f"{100 - HEADROOM_PERCENT}% of its hard cap ({caps}); the smallest directory sets it",
+        f"assumed: {ctx.ranks} worker(s) in all (tensor_parallel {ctx.tensor_parallel} × "
+        f"data_parallel {ctx.data_parallel}), one LocalDiskBackend each; each instance's "
+        "ranks on consecutive CUDA devices (vLLM's cuda:<local rank>; SGLang with "
+        "--gpu-id-step 1), each instance starting at any device"]
+    if len(ctx.directories) > 1:
+        notes.append(
+            f"PathSharder (by_gpu) gives the worker on CUDA device d the directory "
+            f"d % {len(ctx.directories)} of local_disk; directories no device maps to stay "
+            "unused, and larger directories are used only up to this size per worker")
+    if size <= 0:
+        notes.append("the per-worker share is below 0.01 GiB: LMCache would store nothing")
+    return notes
+
+
+def odirect(ctx: EngineContext, notes: list[str]) -> bool:
+    """O_DIRECT only when every directory's probe passed (notes say why not)."""
+    probes = [ctx.probe_for(d) for d in ctx.directories]
+    use_odirect = all(p is not None and p.odirect_ok for p in probes)
+    for p in probes:
+        if p is not None and not p.odirect_ok:
+            notes.append(f"fallback: use_odirect false because {odirect_failure(p)}")
+    if not use_odirect and all(p is None or p.odirect_ok for p in probes):
+        notes.append("use_odirect false: not every directory was probed for O_DIRECT")
+    return use_odirect
 
 
 def render(ctx: EngineContext) -> Rendered:
@@ -29,27 +100,12 @@ def render(ctx: EngineContext) -> Rendered:
     ctx.check()
     notes = probe_notes(ctx)
     dirs = ctx.directories
-    workers = max(ctx.ranks, len(dirs))
-    per_worker = ctx.capacity_bytes // workers
-    size = gib_floor(per_worker)
-    notes.append(
-        f"max_local_disk_size is per LMCache worker in GiB (LMCache multiplies it by 1024**3): "
-        f"{size} GiB = the engine's {ctx.capacity_bytes} bytes / {workers} worker(s)")
-    if size <= 0:
-        notes.append("the per-worker share is below 0.01 GiB: LMCache would store nothing")
-
-    probes = [ctx.probe_for(d) for d in dirs]
-    use_odirect = all(p is not None and p.odirect_ok for p in probes)
-    for p in probes:
-        if p is not None and not p.odirect_ok:
-            notes.append(f"fallback: use_odirect false because {odirect_failure(p)}")
-    if not use_odirect and all(p is None or p.odirect_ok for p in probes):
-        notes.append("use_odirect false: not every directory was probed for O_DIRECT")
-
+    size, workers = disk_size(ctx)
+    notes.extend(size_notes(ctx, size, workers))
     data: dict[str, object] = {
         "local_disk": ",".join(f"file://{d}/" for d in dirs),
         "max_local_disk_size": size,
-        "extra_config": {"use_odirect": use_odirect},
+        "extra_config": {"use_odirect": odirect(ctx, notes)},
     }
     if len(dirs) > 1:
         data["local_disk_path_sharding"] = "by_gpu"
@@ -57,6 +113,13 @@ def render(ctx: EngineContext) -> Rendered:
             "several directories: local_disk is a comma-separated list with "
             "local_disk_path_sharding by_gpu, which only recent LMCache releases understand "
             "(PathSharder); older ones take a single directory: use one file per GPU then")
+    notes.extend(fixed_notes(ctx))
+    return Rendered({CONFIG_NAME: dump_yaml(ctx, data)}, "yaml", tuple(notes))
+
+
+def fixed_notes(ctx: EngineContext) -> list[str]:
+    """Notes on what kvagent leaves to the operator."""
+    notes = []
     if ctx.devices:
         notes.append("raw block devices are not rendered: LMCache's raw-block backend is a "
                      "separate plugin whose keys kvagent could not confirm")
@@ -71,4 +134,4 @@ def render(ctx: EngineContext) -> Rendered:
     notes.append("this is LMCache's in-process configuration (LMCACHE_CONFIG_FILE); recent "
                  "LMCache calls that mode legacy and prefers its multi-process (MP) server, "
                  "whose disk settings kvagent does not render")
-    return Rendered({CONFIG_NAME: dump_yaml(ctx, data)}, "yaml", tuple(notes))
+    return notes

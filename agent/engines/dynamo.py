@@ -4,7 +4,7 @@ Checked against the pinned wheel kvbm 1.6.1 (its Rust core ``kvbm/_core.abi3.so`
 holds every name below; ``agent/engines/checks/check_dynamo.py`` judges each render)
 and ai-dynamo/dynamo lib/llm/src/block_manager/storage/disk.rs,
 lib/llm/src/block_manager/distributed/leader.rs and
-lib/bindings/kvbm/src/block_manager/distributed/leader.rs; see KEYS.md:
+lib/bindings/kvbm/src/block_manager/distributed/leader.rs; see docs/engines.md:
 - ``DYN_KVBM_DISK_CACHE_DIR``: where each KVBM worker creates its cache file
   (``mkostemp`` of ``dynamo-kvbm-disk-cache-XXXXXX``; default /tmp/).
 - ``DYN_KVBM_DISK_CACHE_GB``: decimal GB (the leader's ``compute_num_blocks`` multiplies

@@ -1,7 +1,7 @@
 """LMCache: a YAML config file (LMCACHE_CONFIG_FILE) for its local-disk backend.
 
 Keys (checked against the lmcache 0.5.6 wheel: lmcache/v1/config.py, config_base.py,
-storage_backend/path_sharder.py and storage_backend/local_disk_backend.py; see KEYS.md):
+storage_backend/path_sharder.py and storage_backend/local_disk_backend.py; see docs/engines.md):
 - ``local_disk``: ``file://<dir>/``, several directories joined with ``,``.
   ``_parse_local_disk`` strips ``file://`` from each entry (older releases only when the
   value ended with ``/``, so the slash is always written).

@@ -1,6 +1,6 @@
 """Mooncake store: env files for its SSD offload (each store client's file storage).
 
-Checked against the pinned wheel, mooncake-transfer-engine 0.3.13.post1 (KEYS.md;
+Checked against the pinned wheel, mooncake-transfer-engine 0.3.13.post1 (docs/engines.md;
 ``agent/engines/checks/check_mooncake.py`` runs it on every render):
 
 - ``MOONCAKE_OFFLOAD_ENABLED``: read only by the Python ``mooncake/mooncake_config.py``

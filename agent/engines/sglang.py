@@ -1,6 +1,6 @@
 """SGLang HiCache on the pool: server arguments plus env files, ``file`` or ``mooncake`` backend.
 
-Checked against the pinned wheel, sglang 0.5.23 (KEYS.md; ``checks/check_sglang.py`` runs
+Checked against the pinned wheel, sglang 0.5.23 (docs/engines.md; ``checks/check_sglang.py`` runs
 SGLang's own code on every render):
 
 File backend (``ctx.backend`` None or ``file``; ``mem_cache/hicache_storage.py`` HiCacheFile,

@@ -1,6 +1,11 @@
-"""Runs an engine's own storage class on a directory kvagent prepared (run as a FILE).
+"""Runs engines' own storage classes on directories kvagent prepared (run as a FILE).
 
-    python engine_runner.py sglang WHEEL RESULT.json --ranks N --page-bytes B --fill X
+    python engine_runner.py RESULT.json [--sglang WHEEL --ranks N --page-bytes B]
+                                        [--lmcache WHEEL --chunk-bytes B] --fill X
+
+torch (CPU) is imported once, then each engine runs in processes forked from this one
+(torch imports in minutes under TCG), all at once; RESULT.json holds their reports
+(``ranks``: SGLang's, one per rank; ``lmcache``: LMCache's, see lmcache_runner.py).
 
 SGLang 0.5.23's ``HiCacheFile`` (sglang/srt/mem_cache/hicache_storage.py) and its
 ``LRUFileEvictor`` (sglang/srt/mem_cache/storage/file/lru_file_evictor.py) are loaded
@@ -14,12 +19,11 @@ packages are registered bare, pointing at the wheel's directories. The one stand
 module holding only ``human_readable_int``, whose source is taken from the wheel's
 common.py with ast, unchanged: the function the evictor parses MAX_SIZE with.
 
-The ranks are forked after the imports (torch imports in minutes under TCG): each is a
-process of its own with its own ``HiCacheFile`` (tp_rank r of tp_size N) on the same
-directory, as SGLang's TP workers are. Each stores KV pages (CPU tensors) through
-``set``, reads the first ones back through ``get`` and compares the bytes, then keeps
-storing until it has written ``X`` times its MAX_SIZE, and reports what the engine
-returned and logged (JSON, one entry per rank).
+The SGLang ranks are forked after SGLang's imports: each is a process of its own with
+its own ``HiCacheFile`` (tp_rank r of tp_size N) on the same directory, as SGLang's TP
+workers are. Each stores KV pages (CPU tensors) through ``set``, reads the first ones
+back through ``get`` and compares the bytes, then keeps storing until it has written
+``X`` times its MAX_SIZE, and reports what the engine returned and logged.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ import os
 import sys
 import time
 import types
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 PACKAGES = ("sglang", "sglang.srt", "sglang.srt.utils", "sglang.srt.mem_cache",
@@ -152,50 +158,76 @@ def read_back(cache: Any, torch: Any, index: int, page_bytes: int) -> str | None
     return None if got is None else digest(got)
 
 
-def fork_ranks(storage: types.ModuleType, ranks: int, page_bytes: int, fill: float,
-               result: str) -> int:
-    """Run each rank in a forked process at once; write their reports to ``result``."""
-    children = []
-    for rank in range(ranks):
-        path = f"{result}.rank{rank}"
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                report = run_rank(storage, rank, ranks, page_bytes, fill)
-                with open(path, "w") as f:
-                    json.dump(report, f)
-            except BaseException as exc:  # reported to the test
-                with open(path, "w") as f:
-                    json.dump({"rank": rank, "crashed": repr(exc)}, f)
-                code = 1
-            os._exit(code)
-        children.append((pid, path))
+def fork(task: Callable[[], dict[str, Any]], path: str, name: dict[str, Any]) -> int:
+    """Run ``task`` in a forked process that writes its report (or its crash) to ``path``."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            report = task()
+        except BaseException as exc:  # reported to the test
+            report, code = {**name, "crashed": repr(exc)}, 1
+        with open(path, "w") as f:
+            json.dump(report, f)
+        os._exit(code)
+    return pid
+
+
+def collect(children: list[tuple[int, str]]) -> tuple[list[dict[str, Any]], int]:
+    """Wait for the forked processes; their reports and whether any failed."""
     reports, status = [], 0
     for pid, path in children:
         _, code = os.waitpid(pid, 0)
         status |= code
         with open(path) as f:
             reports.append(json.load(f))
-    with open(result, "w") as f:
-        json.dump({"ranks": reports}, f)
-    return 1 if status else 0
+    return reports, 1 if status else 0
+
+
+def run_all(args: argparse.Namespace) -> int:
+    """SGLang's ranks and LMCache's worker, each forked, all at once; one report."""
+    children = []
+    if args.sglang:
+        started = time.monotonic()
+        storage = load_sglang(args.sglang)
+        print(f"[runner] imported {storage.__file__} in {time.monotonic() - started:.1f}s",
+              flush=True)
+        for rank in range(args.ranks):
+            task = partial(run_rank, storage, rank, args.ranks, args.page_bytes, args.fill)
+            path = f"{args.result}.rank{rank}"
+            children.append((fork(task, path, {"rank": rank}), path))
+    lmcache = None
+    if args.lmcache:
+        import lmcache_runner
+
+        task = partial(lmcache_runner.run, args.lmcache, args.fill, args.chunk_bytes)
+        lmcache = (fork(task, f"{args.result}.lmcache", {}), f"{args.result}.lmcache")
+    ranks, status = collect(children)
+    report: dict[str, Any] = {"ranks": ranks}
+    if lmcache:
+        (report["lmcache"],), lm_status = collect([lmcache])
+        status |= lm_status
+    with open(args.result, "w") as f:
+        json.dump(report, f)
+    return status
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("engine", choices=["sglang"])
-    parser.add_argument("wheel")
     parser.add_argument("result")
+    parser.add_argument("--sglang", metavar="WHEEL", help="SGLang's unpacked wheel")
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--page-bytes", type=int, default=128 << 10)
+    parser.add_argument("--lmcache", metavar="WHEEL", help="LMCache's unpacked wheel")
+    parser.add_argument("--chunk-bytes", type=int, default=256 << 10)
     parser.add_argument("--fill", type=float, default=3.0)
     args = parser.parse_args()
     started = time.monotonic()
-    storage = load_sglang(args.wheel)
-    print(f"[runner] imported {storage.__file__} in {time.monotonic() - started:.1f}s",
+    import torch  # once, before the forks: each engine's process inherits it
+
+    print(f"[runner] imported torch {torch.__version__} in {time.monotonic() - started:.1f}s",
           flush=True)
-    return fork_ranks(storage, args.ranks, args.page_bytes, args.fill, args.result)
+    return run_all(args)
 
 
 if __name__ == "__main__":

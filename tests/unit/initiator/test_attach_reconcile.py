@@ -41,7 +41,9 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHost:
 def pool_yaml(host: FakeHost, *, name: str = "kv", layout: str = "per-namespace",
               shared: bool = False, engines: str = "lmcache, vllm", mount: str | None = None,
               subsystem: str | None = None) -> str:
-    eng = ", ".join(f"{{kind: {k.strip()}, owner: '{UID}', group: '{GID}'}}"
+    more = {"vllm": ", cpu_cache: 1GiB"}  # vLLM's renderer refuses without its CPU tier
+    eng = ", ".join(f"{{kind: {k.strip()}, owner: '{UID}', group: '{GID}'"
+                    f"{more.get(k.strip(), '')}}}"
                     for k in engines.split(",") if k.strip())
     sub = f", subsystem: '{subsystem}'" if subsystem else ""
     return f"""

@@ -31,17 +31,14 @@ from agent.cli.main import main
 from agent.engines import KINDS
 from agent.naming import filesystem_uuid, subsystem_nqn
 from tests.unit.engines.helpers import parse_env
-from tests.unit.engines.test_render import (
-    LMCACHE_EXTRA_KEYS,
-    LMCACHE_KNOWN_KEYS,
-    SGLANG_ARGS,
-    SGLANG_ENV_KEYS,
-    VLLM_EXTRA_DOCUMENTED,
-    VLLM_FS_TIER_DOCUMENTED,
-    VLLM_TOP_KEYS,
-)
+from tests.unit.engines.test_render import SGLANG_ARGS, SGLANG_ENV_KEYS
 from tests.unit.engines.test_render_dynamo import BASE_KEYS as DYNAMO_BASE_KEYS
+from tests.unit.engines.test_render_lmcache import EXTRA_KEYS as LMCACHE_EXTRA_KEYS
+from tests.unit.engines.test_render_lmcache import KNOWN_KEYS as LMCACHE_KNOWN_KEYS
 from tests.unit.engines.test_render_mooncake import KEYS as MOONCAKE_KEYS
+from tests.unit.engines.test_render_vllm import EXTRA_KEYS as VLLM_EXTRA_KEYS
+from tests.unit.engines.test_render_vllm import FS_TIER_KEYS as VLLM_FS_TIER_KEYS
+from tests.unit.engines.test_render_vllm import TOP_KEYS as VLLM_TOP_KEYS
 
 from . import kit
 from .pools import (
@@ -170,9 +167,9 @@ def check_renders(lab: Lab, pool: str, mounts: list[Path], kinds: tuple[str, ...
             cfg = json.loads(text)
             assert set(cfg) == VLLM_TOP_KEYS and cfg["kv_connector"] == "OffloadingConnector"
             extra = cfg["kv_connector_extra_config"]
-            assert set(extra) <= VLLM_EXTRA_DOCUMENTED
+            assert set(extra) == VLLM_EXTRA_KEYS
             for tier in extra["secondary_tiers"]:
-                assert set(tier) <= VLLM_FS_TIER_DOCUMENTED and tier["type"] == "fs"
+                assert set(tier) <= VLLM_FS_TIER_KEYS and tier["type"] == "fs"
                 roots.append(tier["root_dir"])
         assert sorted(roots) == sorted(want["vllm"])
     env_dir_key = {"dynamo": ("DYN_KVBM_DISK_CACHE_DIR", DYNAMO_BASE_KEYS),

@@ -163,8 +163,9 @@ class Builder:
             self.problem(path, f"'kind' is required (one of: {', '.join(kinds)})")
             raise _Invalid
         kind = value["kind"]
-        if kind not in kinds:
-            self.problem((*path, "kind"), f"{kind!r} is not one of: {', '.join(kinds)}")
+        if not isinstance(kind, str) or kind not in kinds:
+            shown = repr(kind) if isinstance(kind, str) else _describe(kind)
+            self.problem((*path, "kind"), f"{shown} is not one of: {', '.join(kinds)}")
             raise _Invalid
         return self._convert_dataclass(kinds[kind], value, path)
 

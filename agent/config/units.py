@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal, InvalidOperation
+
+#: The largest byte count kvagent takes: the kernel's file and device sizes are signed
+#: 64-bit (loff_t), so anything larger overflows there (or in nvmet's configfs).
+MAX_BYTES = 2**63 - 1
+#: The longest duration kvagent takes: the kernel's and nvme-cli's timeouts are C ints of
+#: seconds (about 68 years).
+MAX_SECONDS = 2**31 - 1
 
 _SIZE_UNITS = {
     "": 1,
@@ -39,7 +47,7 @@ def parse_size(value: object) -> int:
     if isinstance(value, int):
         if value < 0:
             raise ValueError("must not be negative")
-        return value
+        return _at_most_max_bytes(value, value)
     if not isinstance(value, str):
         raise ValueError(f"must be a size such as 512GiB or 1.5TB, got {type(value).__name__}")
     m = _NUMBER_UNIT.match(value)
@@ -55,7 +63,13 @@ def parse_size(value: object) -> int:
     total = number * _SIZE_UNITS[m.group(2).lower()]
     if total != total.to_integral_value():
         raise ValueError(f"{value!r} is not a whole number of bytes")
-    return int(total)
+    return _at_most_max_bytes(int(total), value)
+
+
+def _at_most_max_bytes(n: int, written: object) -> int:
+    if n > MAX_BYTES:
+        raise ValueError(f"{written!r} is more than the kernel's largest size (8 EiB)")
+    return n
 
 
 def parse_duration(value: object) -> float:
@@ -63,16 +77,26 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("must be a duration such as 30s or 5m, not a boolean")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError(f"{value!r} is not a duration; use a number with ms, s, m, h or d")
         if value < 0:
             raise ValueError("must not be negative")
-        return float(value)
+        return _at_most_max_seconds(float(value), value)
     if not isinstance(value, str):
         raise ValueError(f"must be a duration such as 30s or 5m, got {type(value).__name__}")
     m = _NUMBER_UNIT.match(value)
     unit = m.group(2).lower() if m else ""
     if not m or (unit and unit not in _DURATION_UNITS):
         raise ValueError(f"{value!r} is not a duration; use a number with ms, s, m, h or d")
-    return float(Decimal(m.group(1)) * (_DURATION_UNITS[unit] if unit else 1))
+    return _at_most_max_seconds(float(Decimal(m.group(1)) * (_DURATION_UNITS[unit] if unit
+                                                              else 1)), value)
+
+
+def _at_most_max_seconds(seconds: float, written: object) -> float:
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{written!r} is longer than the longest timeout kvagent can pass "
+                         f"on ({MAX_SECONDS} s, about 68 years)")
+    return seconds
 
 
 def format_size(n: int) -> str:

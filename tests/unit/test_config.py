@@ -197,6 +197,21 @@ BROKEN = [
     ("fast-fail-not-below-loss", f"{INI}.connect",
      {"ctrl_loss_tmo": "10s", "fast_io_fail_tmo": "10s"},
      "initiator.pools[0].connect.fast_io_fail_tmo", "not below ctrl_loss_tmo"),
+    # Input that crashed or spun the agent (issue 24, item 9): a list as a kind, NaN and
+    # infinite durations, sizes and durations the kernel's types cannot hold.
+    ("backing-kind-list", "target.pools.0.backing", {"kind": ["lvm"]},
+     "target.pools[0].backing.kind", "a list is not one of"),
+    ("interval-nan", "health.interval", float("nan"), "health.interval", "not a duration"),
+    ("interval-inf", "health.interval", float("inf"), "health.interval", "not a duration"),
+    ("ctrl-loss-inf", f"{INI}.connect", {"ctrl_loss_tmo": float("inf")},
+     "initiator.pools[0].connect.ctrl_loss_tmo", "not a duration"),
+    ("duration-over-int", "health.interval", "100000d", "health.interval", "longest timeout"),
+    ("size-over-loff-t", "target.pools.0.namespaces.size", "10000000PiB",
+     "target.pools[0].namespaces.size", "largest size"),
+    ("size-int-over-loff-t", "target.pools.0.namespaces.size", 2**63,
+     "target.pools[0].namespaces.size", "largest size"),
+    ("capacity-nan", f"{INI}.engines.0.capacity", float("nan"),
+     "initiator.pools[0].engines[0].capacity", "must be more than 0%"),
     ("bad-listen", "health.listen", "localhost", "health.listen", "host:port"),
     ("section-not-mapping", "health", ["listen"], "health", "mapping"),
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -46,12 +47,34 @@ def read_live(explicit: str | None) -> Tree:
         raise KvagentError(exc.message, hint=exc.hint) from exc
 
 
+def is_secret(attr: str) -> bool:
+    """A host attribute that holds a secret (DH-HMAC-CHAP keys): shown only as set or not."""
+    return "key" in attr
+
+
+def redacted(data: dict[str, Any]) -> dict[str, Any]:
+    """``as_dict`` output with every host secret replaced by ``<set>`` (or left empty)."""
+    hosts = [{**h, "attrs": {k: ("<set>" if v and is_secret(k) else v)
+                             for k, v in h["attrs"].items()}} for h in data["hosts"]]
+    return {**data, "hosts": hosts}
+
+
+def write_private(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600, also when the file was
+    there before), never through a symlink."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
+
+
 def render(tree: Tree) -> str:
     """The live tree as indented text."""
     lines: list[str] = []
     lines.append(f"hosts ({len(tree.hosts)}):")
     for h in tree.hosts.values():
-        extra = " ".join(f"{k}=<set>" if "key" in k and v else f"{k}={v}"
+        extra = " ".join(f"{k}=<set>" if is_secret(k) and v else f"{k}={v}"
                          for k, v in h.attrs.items())
         lines.append(f"  {h.nqn}" + (f"  {extra}" if extra else ""))
     lines.append(f"subsystems ({len(tree.subsystems)}):")
@@ -107,7 +130,7 @@ def show(configfs: str | None) -> None:
     Read-only. Exit 1 when nvmet is not loaded or configfs not mounted.
     """
     tree = read_live(configfs)
-    emit({"changed": False, **as_dict(tree)}, lambda _d: render(tree))
+    emit({"changed": False, **redacted(as_dict(tree))}, lambda _d: render(tree))
 
 
 @target_group.command("export")
@@ -119,13 +142,15 @@ def show(configfs: str | None) -> None:
 def export(fmt: str, out_file: str | None, configfs: str | None) -> None:
     """Export the live nvmet tree, e.g. as nvmetcli's /etc/nvmet/config.json.
 
-    The file can be restored with 'nvmetcli restore FILE'. Read-only on nvmet.
+    The file can be restored with 'nvmetcli restore FILE'. Read-only on nvmet. It holds
+    the hosts' DH-HMAC-CHAP secrets (a restore needs them): --file writes it readable by
+    its owner only (0600), never through a symlink.
     """
     tree = read_live(configfs)
     text = dumps(tree)
     if out_file:
         try:
-            Path(out_file).write_text(text)
+            write_private(out_file, text)
         except OSError as exc:
             raise KvagentError(f"cannot write {out_file}: {exc.strerror or exc}") from exc
         emit({"file": out_file, "format": fmt, "changed": True,

@@ -93,3 +93,54 @@ def test_configfs_comes_from_the_config_file(tmp_path) -> None:
     res = CliRunner().invoke(main, ["-c", str(cfg), "target", "show", "--configfs",
                                     str(tmp_path / "nowhere")])
     assert res.exit_code == 1 and "nowhere" in res.output
+
+
+SECRET = "DHHC-1:00:ZmFrZS1zZWNyZXQtZm9yLXRoZS10ZXN0LW9ubHktMTIzNDU2Nzg5MDEyMzQ1:"
+CTRL_SECRET = "DHHC-1:00:Y3RybC1zZWNyZXQtZm9yLXRoZS10ZXN0LW9ubHktMTIzNDU2Nzg5MDEyMzQ1:"
+HOST = "nqn.2014-08.org.nvmexpress:uuid:11e85052-8716-44d9-b10e-1c51bae17688"
+
+
+def with_secret_host(tmp_path: Path) -> Path:
+    """The captured tree plus a host with DH-HMAC-CHAP secrets in its attributes."""
+    root = materialize(capture_fake(), tmp_path)
+    host = root / "nvmet/hosts" / HOST
+    host.mkdir(parents=True, exist_ok=True)
+    for name, value in (("dhchap_key", SECRET), ("dhchap_ctrl_key", CTRL_SECRET),
+                        ("dhchap_hash", "hmac(sha256)")):
+        (host / name).write_text(value + "\n")
+    return root
+
+
+def test_show_never_prints_a_secret(tmp_path) -> None:
+    root = with_secret_host(tmp_path)
+    for fmt in ("text", "json"):
+        res = run("-o", fmt, "target", "show", "--configfs", str(root))
+        assert res.exit_code == 0, res.output
+        assert SECRET not in res.output and CTRL_SECRET not in res.output
+        assert "dhchap_key" in res.output and "<set>" in res.output
+    host = next(h for h in json.loads(res.output)["hosts"] if h["nqn"] == HOST)
+    assert host["attrs"] == {"dhchap_key": "<set>", "dhchap_ctrl_key": "<set>",
+                             "dhchap_hash": "hmac(sha256)"}
+
+
+def test_export_file_is_private_and_never_written_through_a_link(tmp_path) -> None:
+    root = with_secret_host(tmp_path)
+    out = tmp_path / "config.json"
+    out.write_text("old")
+    os.chmod(out, 0o644)
+    old_umask = os.umask(0o022)
+    try:
+        res = run("target", "export", "-f", str(out), "--configfs", str(root))
+    finally:
+        os.umask(old_umask)
+    assert res.exit_code == 0, res.output
+    assert SECRET in out.read_text()  # a restore needs it
+    assert out.stat().st_mode & 0o777 == 0o600
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    link = tmp_path / "link.json"
+    link.symlink_to(victim)
+    res = CliRunner().invoke(main, ["target", "export", "-f", str(link), "--configfs",
+                                    str(root)])
+    assert res.exit_code == 1 and "cannot write" in res.output
+    assert victim.read_text() == "keep"

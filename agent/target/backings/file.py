@@ -114,8 +114,7 @@ def create_file(directory: Path, rel: str, size: int, uuid: str, nguid: str) -> 
     On a failure (ENOSPC, say) the temp file and the intent are removed again; a
     kill leaves both for :func:`finish_file` on the next apply.
     """
-    host, name = rel.split("/")
-    temp_rel = f"{host}/.{name}.creating"
+    temp_rel = temp_of(rel)
     temp, final = directory / temp_rel, directory / rel
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     _update(directory, rel, ManifestEntry(size, uuid, nguid, "creating", temp_rel))
@@ -134,8 +133,28 @@ def create_file(directory: Path, rel: str, size: int, uuid: str, nguid: str) -> 
     _finish(directory, rel, temp, final, ManifestEntry(size, uuid, nguid))
 
 
+def temp_of(rel: str) -> str:
+    """The temporary name kvagent creates ``rel`` under (``<host>/.ns<N>.img.creating``)."""
+    host, _, name = rel.partition("/")
+    return f"{host}/.{name}.creating"
+
+
+def check_intent(directory: Path, rel: str, entry: ManifestEntry) -> None:
+    """Refuse a manifest entry naming anything but the files kvagent creates for ``rel``:
+    a ``temp`` of ``../../etc/shadow`` would be moved into the pool and exported."""
+    names = [rel] + ([entry.temp] if entry.temp else [])
+    if not OWNED_NAME.match(rel) or rel.split("/")[1].startswith(".") or (
+            entry.temp is not None and entry.temp != temp_of(rel)):
+        raise FileBackingError(
+            f"{directory / MANIFEST_FILE} lists {', '.join(map(repr, names))}: not the names "
+            f"kvagent creates for a namespace file (<host>/ns<N>.img, and "
+            f"{temp_of(rel)!r} while it is made); refusing to touch them",
+            "the manifest was edited by someone else; fix or remove that entry")
+
+
 def finish_file(directory: Path, rel: str, entry: ManifestEntry) -> None:
     """Finish a create that was interrupted (its intent is in the manifest)."""
+    check_intent(directory, rel, entry)
     temp = directory / (entry.temp or "")
     final = directory / rel
     done = ManifestEntry(entry.size, entry.uuid, entry.nguid)
@@ -304,6 +323,11 @@ class FileDriver:
                         volume=key))
                     storage = file_storage(path, "to be created")
                 elif entry.state == "creating":
+                    try:
+                        check_intent(directory, rel, entry)
+                    except FileBackingError as exc:
+                        plan.errors.append(f"pool {pool.name}: {exc.message}")
+                        continue
                     uuid, nguid = entry.uuid or "", entry.nguid or ""
                     plan.steps.append(Step(
                         "file.finish", pool.name, path,

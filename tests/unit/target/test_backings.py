@@ -282,6 +282,30 @@ def test_killed_create_is_finished_by_the_next_apply(tmp_path: Path, stage: str)
     assert plan_of(cfg, context(cfg)).steps == []
 
 
+@pytest.mark.parametrize("temp", ["../../victim.conf", "/etc/victim.conf",
+                                  "gpu-1/.ns2.img.creating", "gpu-1/ns1.img", "gpu-1/link"])
+def test_a_manifest_naming_anything_else_to_finish_moves_nothing(tmp_path: Path,
+                                                                 temp: str) -> None:
+    """Issue 24, item 1: a 'creating' entry's temp of ../../victim.conf moved a root file
+    into the pool, grew it and exported it. Now the plan refuses the pool, and the step
+    itself (were it run from an older plan) refuses too: nothing outside is touched."""
+    cfg = file_cfg(tmp_path, count=1)
+    pool_dir = tmp_path / "kv"
+    (pool_dir / "gpu-1").mkdir(parents=True)
+    victim = tmp_path / "victim.conf"
+    victim.write_text("root:$6$secret\n")
+    (pool_dir / "gpu-1/link").symlink_to(victim)
+    entry = ManifestEntry(4 * 2**20, "u1", "g1", "creating", temp)
+    FileManifest("kv", {"gpu-1/ns1.img": entry}).save(pool_dir)
+    plan = plan_of(cfg, context(cfg))
+    assert plan.steps == [] and len(plan.errors) == 1
+    assert "not the names kvagent creates" in plan.errors[0] and repr(temp) in plan.errors[0]
+    with pytest.raises(file.FileBackingError, match="refusing to touch them"):
+        file.finish_file(pool_dir, "gpu-1/ns1.img", entry)
+    assert victim.read_text() == "root:$6$secret\n"
+    assert not (pool_dir / "gpu-1/ns1.img").exists()
+
+
 def test_file_backing_without_odirect_needs_buffered_io(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(file, "supports_odirect",

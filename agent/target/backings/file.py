@@ -18,6 +18,7 @@ import errno
 import mmap
 import os
 import re
+import secrets
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -69,11 +70,17 @@ def temp_relative_path(host: str | None, nsid: int) -> str:
 
 
 def supports_odirect(directory: Path) -> tuple[bool, str]:
-    """Whether files in ``directory`` accept an aligned O_DIRECT write (and why not)."""
-    probe = directory / ".kvagent-odirect-probe"
+    """Whether files in ``directory`` accept an aligned O_DIRECT write (and why not).
+
+    The probe file has a name of its own (``secrets.token_hex``) and is created with
+    ``O_EXCL | O_NOFOLLOW``: whatever someone planted in the directory, a link included,
+    is never opened, truncated or written (also in ``plan``, which probes too).
+    """
+    probe = directory / f".kvagent-odirect-probe.{secrets.token_hex(8)}"
     buf = mmap.mmap(-1, 4096)
     try:
-        fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_DIRECT | os.O_TRUNC, 0o600)
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY | os.O_DIRECT
+                     | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         return False, f"open with O_DIRECT failed: {os.strerror(exc.errno or 0)}"
     try:

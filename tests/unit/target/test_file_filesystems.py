@@ -100,6 +100,24 @@ def test_odirect_probe_on_a_real_directory(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [], "the probe file must be removed"
 
 
+def test_the_odirect_probe_never_opens_what_was_planted(tmp_path: Path) -> None:
+    """Issue 24, item 3: a link at the probe's old fixed name truncated its target to zeros
+    (in a dry run too). Links planted at the old name and a glob of likely names stay
+    links, their targets untouched."""
+    victim = tmp_path / "victim.conf"
+    victim.write_text("root:$6$secret:19000:0:99999:7:::\n")
+    pool_dir = tmp_path / "pool"
+    pool_dir.mkdir()
+    planted = [pool_dir / ".kvagent-odirect-probe"]
+    planted += [pool_dir / f".kvagent-odirect-probe.{i:016x}" for i in range(4)]
+    for link in planted:
+        link.symlink_to(victim)
+    backing_file.supports_odirect(pool_dir)
+    assert victim.read_text() == "root:$6$secret:19000:0:99999:7:::\n"
+    assert sorted(pool_dir.iterdir()) == sorted(planted)
+    assert all(p.is_symlink() for p in planted)
+
+
 def test_a_pass_reads_the_mount_table_once_for_every_file_pool(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """64 file pools: one read of /proc/self/mountinfo per pass, not one per pool."""

@@ -92,6 +92,13 @@ def judge_pinned(ctx: EngineContext, rendered: Rendered, dist: str) -> EngineVer
     return judge(ctx, rendered, sys.executable, pythonpath=path)
 
 
+def assert_refused(verdict: EngineVerdict, *words: str) -> EngineVerdict:
+    """The engine refused, and one of its problems names every one of ``words``."""
+    assert verdict.verdict == "refused", (verdict.problems, verdict.messages)
+    assert any(all(w in p for w in words) for p in verdict.problems), verdict.problems
+    return verdict
+
+
 # ------------------------------------------------------------------ renders of a pool
 @dataclass
 class AppliedPool:

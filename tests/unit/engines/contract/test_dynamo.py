@@ -23,7 +23,7 @@ from agent.engines.base import engine_bytes
 from agent.engines.quota import project_id
 from tests.unit.engines.helpers import parse_env
 
-from .kit import GB, GDS, AppliedPool, apply_pool, judge_pinned
+from .kit import GB, GDS, AppliedPool, apply_pool, assert_refused, judge_pinned
 
 DIST = "kvbm"
 DIR = "DYN_KVBM_DISK_CACHE_DIR"
@@ -98,9 +98,7 @@ def broken(drop: tuple[str, ...] = (), **set_: str) -> tuple[EngineContext, Rend
 
 
 def refused(ctx: EngineContext, rendered: Rendered, *words: str) -> None:
-    verdict = judge_pinned(ctx, rendered, DIST)
-    assert verdict.verdict == "refused", verdict
-    assert any(all(w in p for w in words) for p in verdict.problems), verdict.problems
+    assert_refused(judge_pinned(ctx, rendered, DIST), *words)
 
 
 def test_the_good_render_is_accepted() -> None:

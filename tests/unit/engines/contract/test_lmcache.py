@@ -28,7 +28,7 @@ from agent.engines import EngineContext, Rendered, render
 from agent.engines.base import GIB, engine_bytes
 from agent.engines.quota import project_id
 
-from .kit import GB, AppliedPool, apply_pool, judge_pinned
+from .kit import GB, AppliedPool, apply_pool, assert_refused, judge_pinned
 
 DIST = "lmcache"
 NAME = "lmcache.yaml"
@@ -139,10 +139,8 @@ def broken(drop: tuple[str, ...] = (), **set_: object) -> tuple[EngineContext, R
 
 
 def refused(ctx: EngineContext, rendered: Rendered, *words: str) -> None:
-    verdict = judge_pinned(ctx, rendered, DIST)
-    assert verdict.verdict == "refused", verdict
+    verdict = assert_refused(judge_pinned(ctx, rendered, DIST), *words)
     assert "LMCacheEngineConfig.from_file" in verdict.method
-    assert any(all(w in p for w in words) for p in verdict.problems), verdict.problems
 
 
 def test_the_good_render_is_accepted() -> None:

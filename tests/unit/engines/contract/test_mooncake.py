@@ -26,7 +26,7 @@ from agent.engines.base import engine_bytes
 from agent.engines.quota import project_id
 from tests.unit.engines.helpers import parse_env
 
-from .kit import GB, AppliedPool, apply_pool, judge_pinned
+from .kit import GB, AppliedPool, apply_pool, assert_refused, judge_pinned
 
 DIST = "mooncake-transfer-engine"
 PATH = "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"
@@ -131,9 +131,7 @@ def broken(name: str, drop: tuple[str, ...] = (), **set_: str) -> tuple[EngineCo
 
 
 def refused(ctx: EngineContext, rendered: Rendered, *words: str) -> None:
-    verdict = judge_pinned(ctx, rendered, DIST)
-    assert verdict.verdict == "refused", verdict
-    assert any(all(w in p for w in words) for p in verdict.problems), verdict.problems
+    assert_refused(judge_pinned(ctx, rendered, DIST), *words)
 
 
 def test_the_good_render_is_accepted() -> None:

@@ -33,7 +33,7 @@ from agent.engines.base import engine_bytes
 from agent.engines.verdict import EngineVerdict, judge
 from tests.unit.engines.helpers import parse_env
 
-from .kit import GB, apply_pool, judge_pinned, shim_dir, wheel_files
+from .kit import GB, apply_pool, assert_refused, judge_pinned, shim_dir, wheel_files
 
 UNEVEN = (1000 * GB, 500 * GB)
 FILE_DIR = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
@@ -158,8 +158,7 @@ def broken(rendered: Rendered, name: str, old: str, new: str) -> Rendered:
 
 
 def refused(v: EngineVerdict, *words: str) -> None:
-    assert v.verdict == "refused", (v.problems, v.messages)
-    assert any(all(w in p for w in words) for p in v.problems), v.problems
+    assert_refused(v, *words)
 
 
 @pytest.mark.parametrize("backend", [None, "mooncake"])

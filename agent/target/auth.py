@@ -47,9 +47,15 @@ def wants_auth(cfg: Config) -> bool:
 
 
 def plan_host_auth(pools: list[TargetPool], live: Tree,
-                   feats: nvmet.Features | None) -> HostAuthPlan:
+                   feats: nvmet.Features | None, *, owned_hosts: frozenset[str] | set[str] = (
+                       frozenset()), subsystem_prefix: str | None = None) -> HostAuthPlan:
     """What each pool's hosts need in nvmet; a pool whose secrets cannot be read, whose
-    kernel lacks target auth, or that would turn auth off for a host has errors."""
+    kernel lacks target auth, or that would turn auth off for a host has errors.
+
+    A host entry kvagent did not create (not in ``owned_hosts``) that a subsystem outside
+    ``subsystem_prefix`` (someone else's) allows is not kvagent's to give a secret: its
+    secrets are the admin's, and writing kvagent's would change them for their subsystem
+    too. That pool has an error instead."""
     out = HostAuthPlan()
     for pool in pools:
         for i, host in enumerate(pool.hosts):
@@ -57,6 +63,18 @@ def plan_host_auth(pools: list[TargetPool], live: Tree,
             lhost = live.hosts.get(host.nqn)
             live_keys = [f for f in ("dhchap_key", "dhchap_ctrl_key")
                          if lhost is not None and lhost.attrs.get(f)]
+            foreign = sorted(s for s, sub in live.subsystems.items()
+                             if host.nqn in sub.allowed_hosts and subsystem_prefix
+                             and not s.startswith(subsystem_prefix + ":"))
+            if (host.auth is not None and lhost is not None and host.nqn not in owned_hosts
+                    and foreign):
+                out.errors.setdefault(pool.name, []).append((
+                    f"{where}: nvmet's host entry {host.nqn} was not made by kvagent and "
+                    f"subsystem(s) {', '.join(foreign)} of someone else allow it; writing "
+                    "kvagent's DH-HMAC-CHAP secrets would change theirs",
+                    "give this GPU host its own host NQN, or take the entry over by hand "
+                    "(remove it from those subsystems' allowed_hosts) and apply again"))
+                continue
             if host.auth is None:
                 if live_keys:
                     out.errors.setdefault(pool.name, []).append((

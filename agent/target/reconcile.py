@@ -250,7 +250,8 @@ class TargetPass:
         ctx = self._context(pools, records, live)
         plans = self._plan_backings(ctx, pools)
         failed = {name for name, p in plans.items() if p.errors}
-        auth = plan_host_auth(pools, live, feats)
+        auth = plan_host_auth(pools, live, feats, owned_hosts=records.hosts,
+                              subsystem_prefix=self.prefix)
         for name, problems in auth.errors.items():
             for message, hint in problems:
                 self.result.error("target", name, message, hint)

@@ -181,3 +181,24 @@ def test_random_secrets_never_appear_in_plan_apply_log_status_or_metrics(
     for text in outputs:
         assert not any(s in text for s in texts)
         assert not any(base64.b64encode(raw).decode()[:16] in text for raw in (key, ctrl))
+
+
+def test_a_hand_made_host_entry_of_someone_elses_subsystem_keeps_its_secret(
+        tmp_path: Path) -> None:
+    """Issue 24, item 5: an admin's host entry (their secret, allowed by their subsystem)
+    got kvagent's secret written over it. Now that pool fails, their entry is untouched;
+    the pool's other hosts and other pools go on."""
+    keyed(tmp_path, "h1.key")
+    target = on_612(tmp_path)
+    theirs = "nqn.2020-01.org.example:their-subsystem"
+    secret = "DHHC-1:00:dGhlaXItb3duLXNlY3JldC10aGVpci1vd24tc2VjcmV0LXRoZWlycw==:"
+    target.fs.mkdir(f"hosts/{H1}")
+    target.fs.write(f"hosts/{H1}/dhchap_key", secret)
+    target.fs.mkdir(f"subsystems/{theirs}")
+    target.fs.symlink(f"hosts/{H1}", f"subsystems/{theirs}/allowed_hosts/{H1}")
+    other = file_pool(tmp_path, name="other", count=1, hosts=(("gpu-2", H2),))
+    result = target.run(config(tmp_path, [auth_pool(tmp_path), other]))
+    [err] = result.errors
+    assert err.pool == "kv" and "not made by kvagent" in err.message and theirs in err.message
+    assert target.fs.read(f"hosts/{H1}/dhchap_key") == secret
+    assert target.fs.exists(f"subsystems/{theirs}/allowed_hosts/{H1}")

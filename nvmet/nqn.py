@@ -41,6 +41,9 @@ def _check_common(nqn: str) -> None:
         raise InvalidNQN(f"is {size} bytes long; an NQN is at most {NQN_MAX_BYTES} bytes")
     if "/" in nqn:
         raise InvalidNQN("must not contain '/'")
+    if "," in nqn or "=" in nqn:
+        raise InvalidNQN("must not contain ',' or '=' (they separate the options of the "
+                         "kernel's connect request)")
     if nqn.isprintable() and " " not in nqn:
         return  # neither whitespace nor control characters (one C call, not one per char)
     if any(ch.isspace() for ch in nqn):

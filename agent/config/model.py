@@ -7,6 +7,7 @@ live in each class' ``check()``, which yields ``(relative path, message)``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -56,6 +57,8 @@ SYSTEM_DIRECTORIES = frozenset({
     "/", "/etc", "/usr", "/boot", "/proc", "/sys", "/dev", "/run", "/var", "/bin", "/sbin",
     "/lib", "/lib64", "/home", "/root", "/tmp", "/srv", "/opt", "/mnt", "/media",
 })
+#: A Linux network interface name (IFNAMSIZ 16 with its NUL; no '/', ':', ',' or spaces).
+IFNAME = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.@-]{1,15}")
 #: Kernel filesystems: no mount root anywhere under them.
 KERNEL_TREES = ("/proc", "/sys", "/dev")
 #: Mount options of which at most one may be given: each set's members contradict each
@@ -509,6 +512,10 @@ class ConnectOptions:
     host_traddr: IPAddress | None = doc_field("Local address to connect from.", None)
 
     def check(self) -> Check:
+        if self.host_iface is not None and not IFNAME.fullmatch(self.host_iface):
+            yield ("host_iface",), (
+                f"{self.host_iface!r} is not a network interface name (1-15 letters, digits "
+                "and . _ @ -, as the kernel names them)")
         if (self.fast_io_fail_tmo != "off" and self.ctrl_loss_tmo != "forever"
                 and self.fast_io_fail_tmo >= self.ctrl_loss_tmo):
             yield ("fast_io_fail_tmo",), (

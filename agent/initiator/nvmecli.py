@@ -238,6 +238,31 @@ class FabricsOptions:
         return out
 
 
+#: What separates and ends the kernel's fabrics options (drivers/nvme/host/fabrics.c
+#: splits the request on "," and "\n"); NUL ends it.
+FABRICS_SEPARATORS = (",", "\n", "\0")
+
+
+def check_fabrics_values(**values: object) -> None:
+    """Refuse a value that would add options to the kernel's connect request.
+
+    nvme-cli (and kvagent's own ``/dev/nvme-fabrics`` write) joins ``name=value`` options
+    with ","; an NQN, address or interface with "," (from a config or a discovery record)
+    would smuggle options in, e.g. ``nqn=x,traddr=203.0.113.9``. Secrets are named, never
+    shown."""
+    for name, value in values.items():
+        if value is None:
+            continue
+        text = str(value)
+        secret = "secret" in name  # DHHC-1 secrets are base64: "=" is theirs
+        if any(sep in text for sep in FABRICS_SEPARATORS) or ("=" in text and not secret):
+            shown = "(a secret)" if secret else repr(text)
+            raise PermanentConnectError(
+                f"refusing to connect: {name} {shown} contains ',', '=', a newline or NUL, "
+                "which would add options to the kernel's connect request",
+                "check the config, or the storage host's discovery records, for that value")
+
+
 # ------------------------------------------------------------------ parsing
 
 def extract_json(text: str) -> Any:
@@ -747,6 +772,9 @@ class NvmeCli:
                  host_iface: str | None = None, tls: bool = False) -> list[DiscoveryEntry]:
         """The discovery log of ``traddr:trsvcid`` as this host (it lists only what we may
         use); ``tls``: over NVMe/TCP TLS (a port with TLS required asks it of discovery)."""
+        check_fabrics_values(transport=transport, traddr=traddr, trsvcid=trsvcid,
+                             hostnqn=hostnqn, hostid=hostid, host_traddr=host_traddr,
+                             host_iface=host_iface)
         argv = [NVME, "discover", "--transport", transport, "--traddr", traddr,
                 "--trsvcid", str(trsvcid), *self._host_args(hostnqn, hostid, host_traddr,
                                                             host_iface),
@@ -766,6 +794,11 @@ class NvmeCli:
         ``--duplicate-connect`` (needed for a second host identity on the same port).
         """
         opts = options or FabricsOptions()
+        check_fabrics_values(transport=transport, traddr=traddr, trsvcid=trsvcid,
+                             nqn=subsysnqn, hostnqn=hostnqn, hostid=hostid,
+                             host_iface=host_iface, host_traddr=host_traddr,
+                             dhchap_secret=opts.dhchap_secret,
+                             dhchap_ctrl_secret=opts.dhchap_ctrl_secret)
         argv = [NVME, "connect", "--transport", transport, "--traddr", traddr,
                 "--trsvcid", str(trsvcid), "--nqn", subsysnqn,
                 *self._host_args(hostnqn, hostid), *opts.argv(host_iface, host_traddr)]
@@ -788,6 +821,11 @@ class NvmeCli:
         :class:`ConnectError` subclass as :meth:`connect` does; the options, secrets among
         them, are never logged."""
         opts = options or FabricsOptions()
+        check_fabrics_values(transport=transport, traddr=traddr, trsvcid=trsvcid,
+                             nqn=subsysnqn, hostnqn=hostnqn, hostid=hostid,
+                             host_iface=host_iface, host_traddr=host_traddr,
+                             dhchap_secret=opts.dhchap_secret,
+                             dhchap_ctrl_secret=opts.dhchap_ctrl_secret)
         tokens = [f"transport={transport}", f"traddr={traddr}", f"trsvcid={trsvcid}",
                   f"nqn={subsysnqn}", f"hostnqn={hostnqn}",
                   *([f"hostid={hostid}"] if hostid else []),

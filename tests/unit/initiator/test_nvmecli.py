@@ -348,3 +348,40 @@ def test_list_and_version_commands() -> None:
     assert cli.version().version == (2, 3)
     assert any(s.nqn == POOL_NQN for s in cli.list_subsys())
     assert len(cli.list_devices()) == 3
+
+
+# ------------------------------------------------ option injection (issue 24, item 7)
+class _NoKernelLog:
+    def mark(self) -> int:
+        return 0
+
+    def since(self, _: int) -> list[str]:
+        return []
+
+
+INJECTED = "nqn.2026-11.io.kvagent:s:kv:gpu0,traddr=203.0.113.9"
+
+
+def test_a_value_with_a_separator_never_reaches_nvme_cli_or_the_fabrics_device() -> None:
+    runner, written = FakeRunner(), []
+    cli = nvmecli.NvmeCli(runner, kernel_log=_NoKernelLog(),
+                          fabrics_write=lambda text, _t: written.append(text) or "instance=9")
+    with pytest.raises(PermanentConnectError, match=r"nqn .*traddr=203\.0\.113\.9.* contains"):
+        cli.connect("tcp", "10.0.0.1", 4420, INJECTED, hostnqn="nqn.2014-08.org.x:h")
+    with pytest.raises(PermanentConnectError, match="nqn"):
+        cli.add_controller("tcp", "10.0.0.1", 4420, INJECTED, hostnqn="nqn.2014-08.org.x:h")
+    with pytest.raises(PermanentConnectError, match="host_iface"):
+        cli.discover("tcp", "10.0.0.1", 4420, host_iface="eth0,traddr=203.0.113.9")
+    with pytest.raises(PermanentConnectError, match="traddr"):
+        cli.connect("tcp", "10.0.0.1\ntraddr=203.0.113.9", 4420, "nqn.2014-08.org.x:s")
+    assert runner.calls == [] and written == []
+
+
+def test_a_secret_is_named_never_shown_and_its_base64_padding_is_fine() -> None:
+    runner = FakeRunner()
+    cli = nvmecli.NvmeCli(runner, kernel_log=_NoKernelLog())
+    bad = nvmecli.FabricsOptions(dhchap_secret="DHHC-1:00:abc=,traddr=203.0.113.9:")
+    with pytest.raises(PermanentConnectError) as err:
+        cli.connect("tcp", "10.0.0.1", 4420, "nqn.2014-08.org.x:s", options=bad)
+    assert "(a secret)" in err.value.message and "abc" not in err.value.message
+    nvmecli.check_fabrics_values(dhchap_secret="DHHC-1:00:YWJjZA==:")  # padding is allowed

@@ -35,6 +35,7 @@ from ..errors import KvagentError
 from ..log import get_logger
 from ..records import cleaner_path
 from ..state import read_json, write_json
+from ..system.dirfd import open_below
 from ..system.xfsquota import QuotaOps
 from .quota import project_id
 
@@ -91,35 +92,33 @@ def scan(root: str, tick: Callable[[], None] = lambda: None) -> Iterator[Candida
     a symlink (directories are opened ``O_NOFOLLOW`` from ``root`` down)."""
     top = os.open(root, _DIR)
     dev = os.fstat(top).st_dev
-    stack: list[tuple[int, tuple[str, ...]]] = [(top, ())]
+    # Pending directories by name (and inode), not by open fd: fds stay O(1) on any tree.
+    stack: list[tuple[tuple[str, ...], int | None]] = [((), None)]
     seen = 0
     try:
         while stack:
-            dfd, rel = stack.pop()
+            rel, ino = stack.pop()
+            dfd = open_below(top, rel, dev, ino)
+            if dfd is None:
+                continue  # gone, or swapped for a symlink or another directory
             try:
-                for name, st in _entries(dfd):
-                    seen += 1
-                    if seen % 1024 == 0:
-                        tick()
-                    if st.st_dev != dev:
-                        continue
-                    if stat.S_ISDIR(st.st_mode):
-                        try:
-                            sub = os.open(name, _DIR, dir_fd=dfd)
-                        except OSError:
-                            continue  # gone, or swapped for a symlink
-                        if os.fstat(sub).st_ino != st.st_ino:
-                            os.close(sub)
-                            continue
-                        stack.append((sub, (*rel, name)))
-                    elif stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
-                        yield Candidate(st.st_mtime_ns, (*rel, name), st.st_ino,
-                                        st.st_blocks * 512)
+                entries = _entries(dfd)
             finally:
-                os.close(dfd)
+                if dfd != top:
+                    os.close(dfd)
+            for name, st in entries:
+                seen += 1
+                if seen % 1024 == 0:
+                    tick()
+                if st.st_dev != dev:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(((*rel, name), st.st_ino))
+                elif stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                    yield Candidate(st.st_mtime_ns, (*rel, name), st.st_ino,
+                                    st.st_blocks * 512)
     finally:
-        for dfd, _ in stack:
-            os.close(dfd)
+        os.close(top)
 
 
 def _entries(dfd: int) -> list[tuple[str, os.stat_result]]:
@@ -149,7 +148,7 @@ def delete(root: str, victims: Iterable[Candidate],
         groups.setdefault(v.rel[:-1], []).append(v)
     try:
         for parts, group in groups.items():
-            dfd = _open_below(top, parts, dev)
+            dfd = open_below(top, parts, dev)
             if dfd is None:
                 continue
             try:
@@ -175,26 +174,6 @@ def delete(root: str, victims: Iterable[Candidate],
     finally:
         os.close(top)
     return files, freed
-
-
-def _open_below(top: int, parts: tuple[str, ...], dev: int) -> int | None:
-    """A directory below ``top`` opened component by component (``O_NOFOLLOW``), on
-    ``dev``; None if any component is gone, a symlink or on another filesystem."""
-    fd = top
-    for part in parts:
-        try:
-            nxt = os.open(part, _DIR, dir_fd=fd)
-        except OSError:
-            nxt = -1
-        if fd != top:
-            os.close(fd)
-        if nxt < 0:
-            return None
-        if os.fstat(nxt).st_dev != dev:
-            os.close(nxt)
-            return None
-        fd = nxt
-    return fd
 
 
 @dataclass(frozen=True)

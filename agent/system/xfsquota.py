@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from ..errors import KvagentError
+from .dirfd import DIR_FLAGS, open_below
 from .mounts import MountEntry
 
 QuotaMode = Literal["enforced", "accounted", "off"]
@@ -201,14 +202,18 @@ def tag_tree(root: str, projid: int, *, tick: Callable[[], None] = lambda: None)
     entries (a progress beat; it may raise to stop). Returns the entries changed.
     """
     changed = 0
-    top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    top = os.open(root, DIR_FLAGS)
     dev = os.fstat(top).st_dev
-    stack = [top]
+    # Pending directories by name (and inode), not by open fd: fds stay O(1) on any tree.
+    stack: list[tuple[tuple[str, ...], int | None]] = [((), None)]
     seen = 0
     try:
         changed += set_project(top, projid, inherit=True)
         while stack:
-            dfd = stack.pop()
+            rel, ino = stack.pop()
+            dfd = open_below(top, rel, dev, ino)
+            if dfd is None:
+                continue  # gone, or swapped for a symlink or another directory meanwhile
             try:
                 with os.scandir(dfd) as entries:
                     names = [(e.name, e.stat(follow_symlinks=False)) for e in entries]
@@ -231,20 +236,18 @@ def tag_tree(root: str, projid: int, *, tick: Callable[[], None] = lambda: None)
                                 exc.errno == errno.ELOOP:
                             continue  # gone, or swapped for a symlink meanwhile
                         raise
+                    try:
+                        changed += set_project(fd, projid,
+                                               inherit=stat.S_ISDIR(st.st_mode))
+                    finally:
+                        os.close(fd)
                     if stat.S_ISDIR(st.st_mode):
-                        changed += set_project(fd, projid, inherit=True)
-                        stack.append(fd)
-                    else:
-                        try:
-                            changed += set_project(fd, projid, inherit=False)
-                        finally:
-                            os.close(fd)
+                        stack.append(((*rel, name), st.st_ino))
             finally:
-                os.close(dfd)
-    except BaseException:
-        for fd in stack:
-            os.close(fd)
-        raise
+                if dfd != top:
+                    os.close(dfd)
+    finally:
+        os.close(top)
     return changed
 
 

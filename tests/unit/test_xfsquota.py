@@ -179,3 +179,16 @@ def test_tag_tree_refuses_a_symlinked_root(tmp_path: Path,
         tag_tree(str(tmp_path / "engine"), 1001)
     assert info.value.errno in (errno.ELOOP, errno.ENOTDIR)
     assert done == []
+
+
+def test_tag_tree_holds_no_fd_per_pending_directory(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24, item 14: 1,500 pending directories under a limit of 1,024 fds."""
+    from tests.unit.engines.test_cleaner import low_fd_limit, wide_tree
+
+    engine = wide_tree(tmp_path / "engine", 300)
+    done = recording_set_project(monkeypatch)
+    with low_fd_limit(40):
+        tag_tree(str(engine), 1002)
+    files = {p for p, _, inherit in done if not inherit}
+    assert len(files) == 300 and len(done) == 1 + 300 + 30 + 300  # root, dirs, nested, files

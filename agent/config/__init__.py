@@ -114,11 +114,45 @@ def _locate(source: str, data: MarkedDict, problem: Problem) -> ConfigProblem:
                          problem.message)
 
 
+#: The largest config file kvagent reads (a config of 1024 pools is well under 1 MiB).
+MAX_CONFIG_BYTES = 16 << 20
+
+
+def trust_problem(st: os.stat_result, euid: int) -> str | None:
+    """Why a process running as ``euid`` must not take a config file with status ``st``
+    (None: it may). Root takes only a file that root owns and nobody else can write: the
+    config decides what root formats, exports and deletes."""
+    if euid != 0:
+        return None
+    if st.st_uid != 0:
+        return (f"is owned by uid {st.st_uid}, not root: a root kvagent does not take orders "
+                "from a file another user can change (chown root FILE)")
+    if st.st_mode & 0o022:
+        return (f"is writable by its group or by everyone (mode {st.st_mode & 0o7777:04o}): "
+                "a root kvagent does not take orders from a file others can change "
+                "(chmod go-w FILE)")
+    return None
+
+
+def _read_config_file(file: Path) -> str:
+    """The config file's text, after checking who could have written it."""
+    with open(file, "rb") as f:
+        problem = trust_problem(os.fstat(f.fileno()), os.geteuid())
+        if problem:
+            raise ConfigError([ConfigProblem(str(file), None, "(file)", problem)])
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError([ConfigProblem(str(file), None, "(file)",
+                                         f"is larger than {MAX_CONFIG_BYTES >> 20} MiB")])
+    return data.decode("utf-8")
+
+
 def load_config(path: str | os.PathLike[str] | None = None) -> Config:
-    """Load the config file (see :func:`config_path`); raise :class:`ConfigError` if bad."""
+    """Load the config file (see :func:`config_path`); raise :class:`ConfigError` if bad
+    (as root: also when it is not root's, or others may write it)."""
     file = config_path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        text = _read_config_file(file)
     except FileNotFoundError:
         raise ConfigError([ConfigProblem(str(file), None, "(file)",
                                          "does not exist (give one with -c/--config or "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -212,6 +213,14 @@ BROKEN = [
      "target.pools[0].namespaces.size", "largest size"),
     ("capacity-nan", f"{INI}.engines.0.capacity", float("nan"),
      "initiator.pools[0].engines[0].capacity", "must be more than 0%"),
+    # Option injection (issue 24, item 7): NQNs and interface names reach the kernel's
+    # comma-separated connect options.
+    ("nqn-with-comma", "target.pools.0.hosts.0.nqn", f"{HOST_A},traddr=203.0.113.9",
+     "target.pools[0].hosts[0].nqn", "must not contain ',' or '='"),
+    ("host-iface-injection", f"{INI}.connect", {"host_iface": "eth0,traddr=203.0.113.9"},
+     "initiator.pools[0].connect.host_iface", "not a network interface name"),
+    ("host-iface-too-long", f"{INI}.connect", {"host_iface": "a" * 16},
+     "initiator.pools[0].connect.host_iface", "not a network interface name"),
     ("bad-listen", "health.listen", "localhost", "health.listen", "host:port"),
     ("section-not-mapping", "health", ["listen"], "health", "mapping"),
 ]
@@ -382,3 +391,49 @@ def test_mount_root_below_a_system_directory_is_fine(mount: str) -> None:
     data["initiator"]["pools"][0]["mount"] = mount
     cfg = parse_config(yaml.safe_dump(data))
     assert cfg.initiator.pools[0].mount == mount
+
+
+# ------------------------------------------------------------------ who wrote the file
+@pytest.mark.parametrize(("mode", "uid", "words"), [
+    (0o666, 0, "writable by its group or by everyone (mode 0666)"),
+    (0o664, 0, "mode 0664"),
+    (0o644, 1000, "owned by uid 1000, not root"),
+])
+def test_root_refuses_a_config_others_can_change(tmp_path: Path, mode: int, uid: int,
+                                                 words: str) -> None:
+    """Issue 24, item 15: a 0666 file, or a user's file, was loaded by the root daemon."""
+    if os.geteuid() != 0:
+        pytest.skip("the rule is root's; this test needs root to chown")
+    file = tmp_path / "kvagent.yaml"
+    file.write_text(yaml.safe_dump(base(), sort_keys=False))
+    os.chmod(file, mode)
+    os.chown(file, uid, 0)
+    result = CliRunner().invoke(main, ["-c", str(file), "config", "validate"])
+    assert result.exit_code == 2, result.output
+    assert f"kvagent: config error: {file}: (file): " in result.stderr and words in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_root_takes_its_own_file_and_others_any(tmp_path: Path) -> None:
+    import stat as st_
+
+    from agent.config import trust_problem
+
+    def status(mode: int, uid: int) -> os.stat_result:
+        return os.stat_result((st_.S_IFREG | mode, 0, 0, 1, uid, 0, 10, 0, 0, 0))
+
+    assert trust_problem(status(0o644, 0), 0) is None
+    assert trust_problem(status(0o600, 0), 0) is None
+    assert trust_problem(status(0o666, 1000), 1000) is None  # not root: its own business
+    assert "uid 1000" in trust_problem(status(0o600, 1000), 0)
+
+
+def test_a_config_file_larger_than_the_cap_is_refused(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent import config
+
+    monkeypatch.setattr(config, "MAX_CONFIG_BYTES", 64)
+    file = tmp_path / "kvagent.yaml"
+    file.write_text("version: 1\n" + "# padding\n" * 20)
+    with pytest.raises(ConfigError, match="larger than"):
+        config.load_config(file)

@@ -6,6 +6,11 @@ kvagent's LVs carry the tags ``kvagent``, ``kvagent_pool=<pool>``,
 written on the storage itself, never guessed from names. A volume group kvagent
 creates on blank devices carries the ``kvagent`` tag too. LVs from before identities
 were recorded get their (legacy) identity tagged on the next apply.
+
+A namespace is the one LV whose tags name it: its identity *and* the path nvmet exports
+come from that LV (a renamed one is exported by its new path). An LV kvagent did not
+tag that has the name kvagent would give a new namespace is never exported, tagged or
+given an identity: the pool fails with an error naming it.
 """
 
 from __future__ import annotations
@@ -160,6 +165,28 @@ def segment_devices(runner: Runner) -> dict[str, tuple[str, ...]]:
     return {path: tuple(devs) for path, devs in out.items()}
 
 
+def volume_names(runner: Runner, vg: str) -> frozenset[str]:
+    """The names of every LV in ``vg``, kvagent's or not (``lvs <vg>``: asked only when
+    an LV is to be created there, to find an LV of that name kvagent did not tag)."""
+    rows = _report(runner, ["lvs", "--reportformat", "json", "-o", "lv_name,vg_name", vg],
+                   "lv")
+    return frozenset(r["lv_name"] for r in rows if r.get("vg_name", vg) == vg)
+
+
+NamespaceKey = tuple[str, str | None, str | None, str | None]
+
+
+def owned_by_namespace(owned: list[LogicalVolume]) -> dict[NamespaceKey,
+                                                           list[LogicalVolume]]:
+    """kvagent's LVs by the namespace their tags name: (vg, pool, host, nsid)."""
+    out: dict[NamespaceKey, list[LogicalVolume]] = {}
+    for v in owned:
+        key = (v.vg, v.tag_value("kvagent_pool"), v.tag_value("kvagent_host"),
+               v.tag_value("kvagent_ns"))
+        out.setdefault(key, []).append(v)
+    return out
+
+
 def device_bytes(device: str, sysfs: str) -> int | None:
     """Size of a block device from sysfs (``<sysfs>/class/block/<name>/size``), or None."""
     try:
@@ -185,6 +212,16 @@ def remove_volume(runner: Runner, volume: LogicalVolume, pool: str) -> None:
         raise LvmError(f"refusing to remove {volume.path}: its tags do not show it belongs "
                        f"to kvagent pool {pool!r}")
     runner(["lvremove", "-y", f"{volume.vg}/{volume.name}"], timeout=LVM_TIMEOUT)
+
+
+def _twice_tagged(pool: str, host: str | None, nsid: int,
+                  volumes: list[LogicalVolume]) -> str:
+    """The plan error for two or more LVs whose tags name the same namespace."""
+    names = ", ".join(sorted(f"{v.vg}/{v.name}" for v in volumes))
+    return (f"pool {pool}: LVs {names} all carry kvagent's tags for namespace {nsid} "
+            f"(host {host or 'shared'}); a namespace is one LV and kvagent will not guess "
+            "which: remove kvagent's tags (lvchange --deltag kvagent ...) from every LV "
+            "that is not this namespace's, then apply again")
 
 
 def _call(runner: Runner, argv: list[str]):
@@ -309,8 +346,7 @@ class LvmDriver:
                 f"extent size of volume group {backing.volume_group} ({extent} bytes); "
                 "LVM stripes within extents: choose a stripe_size up to the extent size")
             return plan
-        by_key = {(v.vg, v.tag_value("kvagent_pool"), v.tag_value("kvagent_host"),
-                   v.tag_value("kvagent_ns")): v for v in owned}
+        by_key = owned_by_namespace(owned)
         size = _round_up(pool.namespaces.size, extent)
         needed = 0
         for host, nsids in self.layout(pool, ctx.records).items():
@@ -318,7 +354,24 @@ class LvmDriver:
                 name = lv_name(pool.name, host, nsid)
                 path = f"/dev/{backing.volume_group}/{name}"
                 subject = f"{backing.volume_group}/{name}"
-                existing = by_key.get((backing.volume_group, pool.name, host or "-", str(nsid)))
+                tagged = by_key.get((backing.volume_group, pool.name, host or "-", str(nsid)),
+                                    [])
+                if len(tagged) > 1:
+                    plan.errors.append(_twice_tagged(pool.name, host, nsid, tagged))
+                    continue
+                existing = tagged[0] if tagged else None
+                taken = None if existing is not None or vg is None else self._name_taken(
+                    ctx, pool.name, host, nsid, vg.name, name)
+                if taken is not None:
+                    plan.errors.append(taken)
+                    continue
+                if existing is not None:
+                    # The LV kvagent's tags name is the namespace, whatever it is called
+                    # now: its identity and its path both come from that one LV.
+                    path, subject = existing.path, f"{existing.vg}/{existing.name}"
+                    if existing.name != name:
+                        log.warning("kvagent's LV was renamed; exported by its own path",
+                                    volume=path, name=name, pool=pool.name, nsid=nsid)
                 if existing is None:
                     uuid, nguid = fresh_ids()
                     tags = [*lv_tags(pool.name, host, nsid), f"{UUID_TAG}={uuid}",
@@ -376,6 +429,23 @@ class LvmDriver:
             if creating.get(backing.volume_group, ("",))[0] == pool.name:
                 del creating[backing.volume_group]  # another pool may create it instead
         return plan
+
+    def _name_taken(self, ctx: PassContext, pool: str, host: str | None, nsid: int,
+                    vg: str, name: str) -> str | None:
+        """The plan error when ``vg`` already holds an LV called ``name`` that kvagent's
+        tags do not give to this namespace (None when the name is free). Such an LV is
+        never exported, tagged or given the namespace's identity."""
+        names: dict[str, frozenset[str]] = ctx.cache.setdefault("lvm.names", {})
+        if vg not in names:
+            names[vg] = volume_names(ctx.runner, vg)
+        if name not in names[vg]:
+            return None
+        return (f"pool {pool}: volume group {vg} already has an LV named {name} "
+                f"(/dev/{vg}/{name}) that does not carry kvagent's tags for namespace "
+                f"{nsid} of pool {pool} (host {host or 'shared'}); kvagent never exports, "
+                "tags or takes over an LV it did not create, and does not create the "
+                f"namespace beside it. Rename that LV (lvrename {vg} {name} NEW-NAME) or "
+                "remove it if nothing needs it, then apply again")
 
     def _place(self, ctx: PassContext, pool: TargetPool, host: str | None, size: int,
                extent: int, new_devices: tuple[str, ...] | None,

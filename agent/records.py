@@ -197,6 +197,7 @@ class TargetRecords:
                 raise RecordError(f"{claims_path} is not a JSON object")
             records.claims = _typed(claims_path, lambda c: {
                 p: DeviceClaim.from_json(p, v) for p, v in c.items()}, claims)
+            records.claims = legacy_claim_nsids(records.pools, records.claims)
         records.read_schema = version
         return records
 
@@ -240,6 +241,35 @@ class TargetRecords:
 
     def pool_claims(self, pool: str) -> dict[str, DeviceClaim]:
         return {p: c for p, c in self.claims.items() if c.pool == pool}
+
+
+def legacy_claim_nsids(pools: Mapping[str, PoolRecord],
+                       claims: Mapping[str, DeviceClaim]) -> dict[str, DeviceClaim]:
+    """Schema-1 claims with the nsid each device was exported under.
+
+    Schema 1 numbered a device pool's namespaces by their place in its device list, per
+    host, and recorded that list (``pools.<name>.devices``) with every listed device
+    claimed: a device's place there is its nsid. A pool whose recorded list is not
+    exactly that (not a list of distinct paths, each claimed by the pool) proves
+    nothing, and its claims keep no nsid (:func:`agent.target.backings.device.legacy_nsid`
+    then looks for other proof).
+    """
+    out = dict(claims)
+    for name, pool in pools.items():
+        devices = pool.params.get("devices")
+        if (pool.kind != "device" or not isinstance(devices, list)
+                or not all(isinstance(d, str) for d in devices)
+                or len(set(devices)) != len(devices)):
+            continue
+        listed = [c for d in devices if (c := claims.get(d)) is not None and c.pool == name]
+        if len(listed) != len(devices):
+            continue
+        place: dict[str | None, int] = {}
+        for claim in listed:
+            place[claim.host] = place.get(claim.host, 0) + 1
+            if claim.nsid is None:
+                out[claim.path] = replace(claim, nsid=place[claim.host])
+    return out
 
 
 # ----------------------------------------------------------------- file manifest

@@ -14,6 +14,8 @@ in the pool's directory next to the files it lists:
 ``last-apply.json``    the last apply's result (:func:`write_last_apply`)
 ``probes/<pool>.json`` a GPU pool's probe results
 ``engines/<pool>/``    rendered engine configs
+``lvm-intents/<vg>.json``  a volume group kvagent is making (devices, PV uuids), until
+                       ``vgcreate`` made it (:mod:`agent.target.backings.lvm_intent`)
 ``<dir>/<pool>/.kvagent-pool.json``  :class:`FileManifest` of a file pool
 =====================  =============================================================
 

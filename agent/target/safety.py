@@ -118,13 +118,19 @@ def ensure_blank(path: str, purpose: str, runner: Runner, view: SystemView | Non
     """Return the real device node if ``path`` is blank and unused, else raise ForeignData."""
     found = inspect_device(path, runner, view)
     if not found.blank:
-        raise ForeignData(
-            f"refusing to {purpose} {path} ({found.device}): " + "; ".join(found.findings),
-            "kvagent only uses blank devices and never wipes data. If this data is not "
-            f"needed, clear it yourself (e.g. `wipefs -a {found.device}` after unmounting), "
-            "or pick another device",
-        )
+        raise refusal(found, purpose)
     return found.device
+
+
+def refusal(found: DeviceInspection, purpose: str, why: str = "") -> ForeignData:
+    """The error for a device that is not blank: what was found, and what to do."""
+    return ForeignData(
+        f"refusing to {purpose} {found.path} ({found.device}): " + "; ".join(found.findings)
+        + (f"; {why}" if why else ""),
+        "kvagent only uses blank devices and never wipes data. If this data is not "
+        f"needed, clear it yourself (e.g. `wipefs -a {found.device}` after unmounting), "
+        "or pick another device",
+    )
 
 
 def _iterdir(path: Path) -> list[Path]:

@@ -11,6 +11,10 @@ A namespace is the one LV whose tags name it: its identity *and* the path nvmet 
 come from that LV (a renamed one is exported by its new path). An LV kvagent did not
 tag that has the name kvagent would give a new namespace is never exported, tagged or
 given an identity: the pool fails with an error naming it.
+
+A volume group is made on blank devices with an intent record first
+(:mod:`.lvm_intent`): a pass killed between ``pvcreate`` and ``vgcreate`` is finished
+by the next one, on labels with exactly the PV uuids recorded, and on nothing else.
 """
 
 from __future__ import annotations
@@ -28,9 +32,19 @@ from ...naming import LVM_OWNER_TAG, lv_name, lv_tags
 from ...records import PoolRecord, Storage, TargetRecords
 from ...system.run import Runner
 from ..identity import fresh_ids, legacy_ids
-from ..safety import ensure_blank
+from ..safety import ensure_blank, inspect_device, refusal
 from ..usage import DeviceUse
 from .base import BackingPlan, Doomed, PassContext, Step, Volume, grantees
+from .lvm_intent import (
+    PvIntent,
+    VgIntent,
+    has_intent,
+    intent_path,
+    new_intent,
+    read_intent,
+    remove_intent,
+    write_intent,
+)
 from .placement import PlacementError, PvState, check_striped, choose_spread, new_pv_state
 
 log = get_logger("lvm")
@@ -214,6 +228,26 @@ def remove_volume(runner: Runner, volume: LogicalVolume, pool: str) -> None:
     runner(["lvremove", "-y", f"{volume.vg}/{volume.name}"], timeout=LVM_TIMEOUT)
 
 
+def pv_labels(runner: Runner) -> dict[str, tuple[str, str]]:
+    """Every PV label LVM sees: ``{real device node: (PV uuid, its group or "")}``
+    (``pvs``; asked only to finish a group an intent record names)."""
+    rows = _report(runner, ["pvs", "--reportformat", "json", "-o", "pv_name,pv_uuid,vg_name"],
+                   "pv")
+    return {os.path.realpath(r["pv_name"]): (r.get("pv_uuid", ""), r.get("vg_name", ""))
+            for r in rows if r.get("pv_name")}
+
+
+def _other_intent(pool: str, backing: LvmBacking, intent: VgIntent, state_dir: Path) -> str:
+    """The plan error for an intent record of this group made for other devices or pool."""
+    where = intent_path(state_dir, backing.volume_group)
+    return (f"pool {pool}: kvagent's intent record {where} says it was making volume group "
+            f"{backing.volume_group} for pool {intent.pool} on {', '.join(intent.paths)} "
+            "(a pass killed before vgcreate); the config now says pool "
+            f"{pool} on {', '.join(backing.devices)}, and kvagent finishes it only as "
+            "recorded: list those devices again to finish it, or, if that group is not "
+            f"wanted, remove the labels kvagent wrote (pvremove on those devices) and {where}")
+
+
 def _twice_tagged(pool: str, host: str | None, nsid: int,
                   volumes: list[LogicalVolume]) -> str:
     """The plan error for two or more LVs whose tags name the same namespace."""
@@ -317,29 +351,15 @@ class LvmDriver:
                     f"pool {pool.name}: volume group {backing.volume_group!r} does not exist; "
                     "create it, or list blank devices under backing.devices for kvagent to use")
                 return plan
-            blank = []
-            role = f"vg:{backing.volume_group}"
-            for dev in backing.devices:
-                others = ctx.usage.conflicts(dev, pool.name, role)
-                if others:
-                    plan.errors.append(
-                        f"pool {pool.name}: refusing to create volume group on {dev} "
-                        f"({os.path.realpath(dev)}): it is {'; '.join(others)}. A device "
-                        "serves one pool only: remove it from one of them")
-                    continue
-                try:
-                    blank.append(ensure_blank(dev, "create volume group on", runner))
-                except KvagentError as exc:
-                    plan.errors.append(f"pool {pool.name}: {exc}")
-            if plan.errors:
+            new_devices = self._new_group(ctx, pool, plan)
+            if new_devices is None:
                 return plan
-            new_devices = tuple(blank)
             creating[backing.volume_group] = (pool.name, tuple(backing.devices), new_devices)
-            plan.steps.append(Step(
-                "lvm.vgcreate", pool.name, backing.volume_group,
-                f"on {', '.join(backing.devices)}",
-                _call(runner, ["vgcreate", "-y", "--addtag", LVM_OWNER_TAG,
-                               backing.volume_group, *blank])))
+        elif LVM_OWNER_TAG in vg.tags and has_intent(ctx.state_dir, vg.name):
+            # Made, but the pass that made it was killed before it forgot its intent.
+            plan.steps.append(Step("lvm.intent", pool.name, vg.name,
+                                   "volume group made: intent record removed",
+                                   lambda name=vg.name: remove_intent(ctx.state_dir, name)))
         if backing.placement == "striped" and backing.stripe_size > extent:
             plan.errors.append(
                 f"pool {pool.name}: stripe_size {backing.stripe_size} is larger than the "
@@ -429,6 +449,99 @@ class LvmDriver:
             if creating.get(backing.volume_group, ("",))[0] == pool.name:
                 del creating[backing.volume_group]  # another pool may create it instead
         return plan
+
+    def _new_group(self, ctx: PassContext, pool: TargetPool,
+                   plan: BackingPlan) -> tuple[str, ...] | None:
+        """Steps that make the pool's volume group on its listed devices: record the
+        intent (:mod:`.lvm_intent`), label each device with the PV uuid recorded, create
+        the group, forget the intent. Each device must be blank; with kvagent's intent
+        record for this group (a pass killed before ``vgcreate``), a device may instead
+        carry exactly the label that record names, and the group is finished. Returns
+        the devices' nodes, or None with plan errors (nothing is done)."""
+        b = pool.backing
+        assert isinstance(b, LvmBacking)
+        try:
+            found = read_intent(ctx.state_dir, b.volume_group)
+        except KvagentError as exc:
+            plan.errors.append(f"pool {pool.name}: {exc}")
+            return None
+        if found is not None and (found.pool, found.paths) != (pool.name, tuple(b.devices)):
+            plan.errors.append(_other_intent(pool.name, b, found, ctx.state_dir))
+            return None
+        intent = found or new_intent(b.volume_group, pool.name, b.devices)
+        nodes: list[str] = []
+        unlabelled: list[tuple[PvIntent, str]] = []
+        for pv in intent.pvs:
+            others = ctx.usage.conflicts(pv.path, pool.name, f"vg:{b.volume_group}")
+            if others:
+                plan.errors.append(
+                    f"pool {pool.name}: refusing to create volume group on {pv.path} "
+                    f"({os.path.realpath(pv.path)}): it is {'; '.join(others)}. A device "
+                    "serves one pool only: remove it from one of them")
+                continue
+            try:
+                node, labelled = (self._labelled_by_us(ctx, pv) if found is not None else
+                                  (ensure_blank(pv.path, "create volume group on", ctx.runner),
+                                   False))
+            except KvagentError as exc:
+                plan.errors.append(f"pool {pool.name}: {exc}")
+                continue
+            nodes.append(node)
+            if not labelled:
+                unlabelled.append((pv, node))
+        if plan.errors:
+            return None
+        self._group_steps(ctx, pool.name, intent, found is not None, unlabelled, nodes, plan)
+        return tuple(nodes)
+
+    @staticmethod
+    def _group_steps(ctx: PassContext, pool: str, intent: VgIntent, resumed: bool,
+                     unlabelled: list[tuple[PvIntent, str]], nodes: list[str],
+                     plan: BackingPlan) -> None:
+        """The intent record (unless resumed), one pvcreate per unlabelled device, and the
+        vgcreate that also forgets the record."""
+        vg, runner, state = intent.volume_group, ctx.runner, ctx.state_dir
+        if not resumed:
+            plan.steps.append(Step("lvm.intent", pool, vg,
+                                   f"record: volume group {vg} to be made on "
+                                   f"{', '.join(intent.paths)}",
+                                   lambda: write_intent(state, intent)))
+        for pv, node in unlabelled:
+            plan.steps.append(Step(
+                "lvm.pvcreate", pool, pv.path, f"{node}, PV uuid {pv.pv_uuid}",
+                _call(runner, ["pvcreate", "-y", "--uuid", pv.pv_uuid, "--norestorefile",
+                               node])))
+
+        def vgcreate() -> None:
+            runner(["vgcreate", "-y", "--addtag", LVM_OWNER_TAG, vg, *nodes],
+                   timeout=LVM_TIMEOUT)
+            remove_intent(state, vg)
+
+        plan.steps.append(Step(
+            "lvm.vgcreate", pool, vg,
+            f"on {', '.join(intent.paths)}" + (" (finishing an interrupted create)"
+                                               if resumed else ""), vgcreate))
+
+    def _labelled_by_us(self, ctx: PassContext, pv: PvIntent) -> tuple[str, bool]:
+        """(node, labelled) of a device of a group kvagent's intent record names: blank
+        (not labelled yet), or carrying only the LVM label of the PV uuid recorded, in no
+        group. Anything else is refused as foreign data."""
+        found = inspect_device(pv.path, ctx.runner)
+        if found.blank:
+            return found.device, False
+        if "lvm.labels" not in ctx.cache:
+            ctx.cache["lvm.labels"] = pv_labels(ctx.runner)
+        labels: dict[str, tuple[str, str]] = ctx.cache["lvm.labels"]
+        uuid, group = labels.get(os.path.realpath(found.device), ("", ""))
+        if (all(f.startswith("LVM2_member ") for f in found.findings)
+                and (uuid, group) == (pv.pv_uuid, "")):
+            return found.device, True
+        what = (f"its LVM label is PV {uuid} in volume group {group!r}" if group else
+                f"its LVM label is PV {uuid}" if uuid else
+                "LVM shows no PV label on it")
+        raise refusal(found, "create volume group on",
+                      f"kvagent's intent record names PV {pv.pv_uuid} in no group for it, "
+                      f"but {what}: not the label kvagent wrote")
 
     def _name_taken(self, ctx: PassContext, pool: str, host: str | None, nsid: int,
                     vg: str, name: str) -> str | None:

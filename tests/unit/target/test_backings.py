@@ -37,7 +37,7 @@ def lvm_runner(lvs: str = lvs_json(), free: int = 100 * GIB,
                pvs: str = empty_pvs("vg0", free=50 * GIB)) -> FakeRunner:
     return (FakeRunner().on(["vgs"], stdout=vgs_json(free)).on(["lvs"], stdout=lvs)
             .on(["pvs"], stdout=pvs)
-            .on(["lvcreate"]).on(["lvextend"]).on(["vgcreate"]).on(["lvremove"])
+            .on(["lvcreate"]).on(["lvextend"]).on(["pvcreate"]).on(["vgcreate"]).on(["lvremove"])
             .on(["lvchange"]))
 
 
@@ -144,8 +144,11 @@ def test_lvm_missing_vg_without_devices_is_an_error() -> None:
     assert "does not exist" in plan.errors[0] and not plan.steps
 
 
-def test_lvm_vg_is_created_only_on_blank_devices(monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = lvm_cfg(count=1, vg="new", devices=("/dev/disk/by-id/a", "/dev/disk/by-id/b"))
+def test_lvm_vg_is_created_only_on_blank_devices(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    cfg = one_pool_config({"kind": "lvm", "volume_group": "new",
+                           "devices": ["/dev/disk/by-id/a", "/dev/disk/by-id/b"]},
+                          state_dir=tmp_path / "state", namespaces={"count": 1, "size": "1GiB"})
     seen = []
 
     def blank(dev, purpose, runner):
@@ -162,8 +165,12 @@ def test_lvm_vg_is_created_only_on_blank_devices(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(lvm, "device_bytes", lambda dev, sysfs: 10 * GIB)
     runner = lvm_runner()
     plan = plan_of(cfg, context(cfg, runner))
-    assert [s.kind for s in plan.steps] == ["lvm.vgcreate", "lvm.lvcreate"]
-    plan.steps[0].run()
+    assert [s.kind for s in plan.steps] == ["lvm.intent", "lvm.pvcreate", "lvm.pvcreate",
+                                            "lvm.vgcreate", "lvm.lvcreate"]
+    for step in plan.steps[:4]:
+        step.run()
+    assert [c[-1] for c in runner.ran("pvcreate")] == ["/dev/disk/by-id/a-real",
+                                                       "/dev/disk/by-id/b-real"]
     assert runner.ran("vgcreate")[0][-2:] == ("/dev/disk/by-id/a-real", "/dev/disk/by-id/b-real")
 
 

@@ -131,7 +131,8 @@ def test_a_volume_group_two_pools_share_is_created_once(nodes: dict[str, str],
     (p1,), (p2,), (p3,) = (pools(lvm_spec("l1", "vgk", a)), pools(lvm_spec("l2", "vgk")),
                            pools(lvm_spec("l3", "vgk", c)))
     one, two, three = (driver_for(p).plan(ctx, p) for p in (p1, p2, p3))
-    assert [s.kind for s in one.steps] == ["lvm.vgcreate", "lvm.lvcreate"]
+    assert [s.kind for s in one.steps] == ["lvm.intent", "lvm.pvcreate", "lvm.vgcreate",
+                                           "lvm.lvcreate"]
     assert [s.kind for s in two.steps] == ["lvm.lvcreate"] and not two.errors
     assert three.steps == []
     assert three.errors == [f"pool l3: volume group vgk is created by pool l1 on {a}; list "

@@ -13,12 +13,16 @@ slow the loop down or stall on a stuck device.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import ipaddress
+import selectors
 import socket
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -35,6 +39,21 @@ log = get_logger("health.server")
 
 #: /healthz fails when the last tick is older than this many loop intervals.
 STALE_INTERVALS = 3.0
+#: Connections whose request is still arriving, at once (a local user opening thousands
+#: must not take the agent's file descriptors: the unit's LimitNOFILE is far above this);
+#: a new one evicts the one that has waited longest. Also the most complete requests that
+#: may wait for a worker (more are closed unanswered).
+MAX_CONNECTIONS = 64
+#: Seconds a request may take to arrive, from its connection being accepted (a slow
+#: sender is cut then, whatever its pace).
+REQUEST_DEADLINE = 10.0
+#: Bytes of request line and headers one request may send (the endpoint takes no body).
+MAX_HEADER_BYTES = 16 << 10
+#: Threads that answer complete requests, and seconds each may spend writing one answer.
+WORKERS = 4
+WRITE_TIMEOUT = 2.0
+#: Connections the kernel holds for the loop to accept.
+LISTEN_BACKLOG = 128
 
 
 class HealthEndpointError(KvagentError):
@@ -97,9 +116,40 @@ def ready_check(snapshot: Snapshot | None) -> tuple[int, str]:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+    """Answers the request(s) in ``head``, the bytes the server's loop already read, on a
+    worker thread; writes are bounded by ``WRITE_TIMEOUT``; the connection is closed after."""
+
+    server: _Server  # type: ignore[assignment]
     protocol_version = "HTTP/1.1"
-    timeout = 60  # seconds an idle keep-alive connection may hold its thread
+    timeout = None
+
+    def __init__(self, request: socket.socket, client_address: Any, server: _Server,
+                 head: bytes, oversized: bool):
+        self.head = head
+        self.oversized = oversized
+        super().__init__(request, client_address, server)  # type: ignore[arg-type]
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(WRITE_TIMEOUT)
+        self.rfile = io.BytesIO(self.head)  # type: ignore[assignment]
+
+    def handle(self) -> None:
+        if self.oversized:
+            self.close_connection = True
+            self.command, self.requestline, self.request_version = "GET", "", "HTTP/1.1"
+            self.send_error(431, "request header fields too large")
+            return
+        super().handle()
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        if self.headers.get("Content-Length", "0").strip() not in ("", "0") or \
+                "Transfer-Encoding" in self.headers:
+            self.send_error(413, "this endpoint takes no request body")
+            return False
+        return True
 
     def do_GET(self) -> None:
         self._answer(send_body=True)
@@ -126,6 +176,8 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._send(404, b"not found: try /metrics, /healthz or /readyz\n",
                            "text/plain; charset=utf-8", send_body)
+        except OSError:  # the client went away, or its connection was cut: nobody to answer
+            self.close_connection = True
         except Exception as exc:  # a bug must not kill the serving thread silently
             log.error("health endpoint failed", path=path, error=f"{type(exc).__name__}: {exc}")
             self._send(500, b"internal error\n", "text/plain; charset=utf-8", send_body)
@@ -135,6 +187,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        self.send_header("Connection", "close")
         self.end_headers()
         if send_body:
             self.wfile.write(body)
@@ -143,15 +196,151 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("http", client=self.client_address[0], request=format % args)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    health: HealthServer
+class _Pending:
+    """A connection whose request is still arriving."""
 
-    def __init__(self, address: tuple[str, int], health: HealthServer):
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+    __slots__ = ("addr", "began", "buf")
+
+    def __init__(self, addr: Any, began: float):
+        self.addr = addr
+        self.began = began
+        self.buf = bytearray()
+
+
+class _Server:
+    """One thread reads every request (non-blocking sockets, one selector), a few workers
+    answer them. A connection costs a file descriptor until its request is complete, and no
+    thread: at most ``max_connections`` wait at once (a new one evicts the oldest), each for
+    at most ``request_deadline`` seconds, with at most ``MAX_HEADER_BYTES`` of request; at
+    most ``max_connections`` complete requests wait for a worker (more are closed at once).
+    A /healthz among thousands of slow or junk connections is read as soon as it arrives and
+    answered by the next free worker."""
+
+    def __init__(self, address: tuple[str, int], health: HealthServer, *,
+                 max_connections: int = MAX_CONNECTIONS,
+                 request_deadline: float = REQUEST_DEADLINE):
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.health = health
-        super().__init__(address, _Handler)
+        self.max_connections = max_connections
+        self.request_deadline = request_deadline
+        #: Connections cut while still sending their request to make room for a newer one
+        #: or at the deadline, and complete requests closed unanswered (every worker busy).
+        self.evicted = 0
+        self.refused = 0
+        self.socket = socket.create_server(address, family=family, backlog=LISTEN_BACKLOG)
+        self.socket.setblocking(False)
+        self.server_address = self.socket.getsockname()
+        self._pending: dict[socket.socket, _Pending] = {}  # oldest first
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.socket, selectors.EVENT_READ)
+        self._workers = ThreadPoolExecutor(max_workers=WORKERS,
+                                           thread_name_prefix="kvagent-health")
+        self._queued = threading.BoundedSemaphore(max_connections)
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
+        self._stopped.set()
+
+    def serve_forever(self, poll_interval: float = 0.25) -> None:
+        """Accept, read and dispatch until :meth:`shutdown`."""
+        self._stopped.clear()
+        try:
+            while not self._stop.is_set():
+                for key, _ in self._selector.select(timeout=poll_interval):
+                    if key.fileobj is self.socket:
+                        self._accept()
+                    else:
+                        self._read(key.fileobj)  # type: ignore[arg-type]
+                self._reap(time.monotonic())
+        finally:
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        """Stop :meth:`serve_forever` and wait for it."""
+        self._stop.set()
+        self._stopped.wait()
+
+    def server_close(self) -> None:
+        """Close the listening socket and every connection still arriving."""
+        for conn in list(self._pending):
+            self._drop(conn)
+        self._selector.close()
+        self.socket.close()
+        self._workers.shutdown(wait=False, cancel_futures=True)
+
+    def _accept(self) -> None:
+        for _ in range(LISTEN_BACKLOG):
+            try:
+                conn, addr = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and the like: the next loop tries again
+                log.warning("health endpoint cannot accept", error=str(exc))
+                return
+            conn.setblocking(False)
+            while len(self._pending) >= self.max_connections:
+                self._drop(next(iter(self._pending)))
+                self.evicted += 1
+            self._pending[conn] = _Pending(addr, time.monotonic())
+            self._selector.register(conn, selectors.EVENT_READ)
+
+    def _read(self, conn: socket.socket) -> None:
+        pending = self._pending.get(conn)
+        if pending is None:
+            return
+        try:
+            data = conn.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+            return
+        pending.buf += data
+        oversized = len(pending.buf) > MAX_HEADER_BYTES
+        if oversized or b"\r\n\r\n" in pending.buf or b"\n\n" in pending.buf:
+            self._dispatch(conn, pending, oversized)
+
+    def _dispatch(self, conn: socket.socket, pending: _Pending, oversized: bool) -> None:
+        self._selector.unregister(conn)
+        del self._pending[conn]
+        if not self._queued.acquire(blocking=False):
+            self.refused += 1
+            conn.close()
+            return
+        conn.setblocking(True)
+        try:
+            self._workers.submit(self._answer, conn, pending.addr, bytes(pending.buf),
+                                 oversized)
+        except RuntimeError:  # shut down meanwhile
+            self._queued.release()
+            conn.close()
+
+    def _answer(self, conn: socket.socket, addr: Any, head: bytes, oversized: bool) -> None:
+        try:
+            _Handler(conn, addr, self, head, oversized)
+        except OSError:  # the client went away, or would not read its answer in time
+            log.debug("health connection failed", client=str(addr))
+        except Exception as exc:  # a bug must not kill the worker silently
+            log.error("health endpoint failed", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+            self._queued.release()
+
+    def _reap(self, now: float) -> None:
+        for conn, pending in list(self._pending.items()):
+            if now - pending.began <= self.request_deadline:
+                break  # oldest first: the rest are younger
+            self._drop(conn)
+            self.evicted += 1
+
+    def _drop(self, conn: socket.socket) -> None:
+        self._pending.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(conn)
+        conn.close()
 
 
 class HealthServer:
@@ -160,7 +349,9 @@ class HealthServer:
     def __init__(self, store: SnapshotStore, *, host: str = "127.0.0.1", port: int = 9808,
                  interval: float = 30.0, stale_after: float | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 registry: CollectorRegistry | None = None):
+                 registry: CollectorRegistry | None = None,
+                 max_connections: int = MAX_CONNECTIONS,
+                 request_deadline: float = REQUEST_DEADLINE):
         self.store = store
         self.clock = clock
         self.stale_after = stale_after if stale_after is not None else STALE_INTERVALS * interval
@@ -173,7 +364,8 @@ class HealthServer:
             log.warning("health endpoint listens beyond loopback: /metrics, /healthz and "
                         "/readyz are reachable from the network", host=host, port=port)
         try:
-            self._httpd = _Server((host, port), self)
+            self._httpd = _Server((host, port), self, max_connections=max_connections,
+                                  request_deadline=request_deadline)
         except OSError as exc:
             raise HealthEndpointError(
                 f"cannot listen on {host}:{port} for the health endpoint: "
@@ -197,6 +389,18 @@ class HealthServer:
     @property
     def port(self) -> int:
         return int(self._httpd.server_address[1])
+
+    @property
+    def refused(self) -> int:
+        """Complete requests closed unanswered because every worker and queue slot was
+        taken."""
+        return self._httpd.refused
+
+    @property
+    def evicted(self) -> int:
+        """Connections cut while sending their request, at the deadline or to make room
+        for newer ones."""
+        return self._httpd.evicted
 
     def start(self) -> HealthServer:
         """Serve in a daemon thread; returns self."""

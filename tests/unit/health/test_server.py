@@ -5,13 +5,20 @@ from __future__ import annotations
 import http.client
 import re
 import socket
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from agent.config.types import ListenAddress
-from agent.health.server import HealthEndpointError, HealthServer, SnapshotStore
+from agent.health.server import (
+    MAX_CONNECTIONS,
+    WORKERS,
+    HealthEndpointError,
+    HealthServer,
+    SnapshotStore,
+)
 from tests.unit.health import samples
 
 
@@ -167,3 +174,163 @@ def test_non_loopback_bind_logs_a_warning() -> None:
     with capture_logs() as logs, HealthServer(SnapshotStore(), host="127.0.0.1", port=0):
         pass
     assert not [e for e in logs if "beyond loopback" in e["event"]]
+
+
+# ------------------------------------------------ a hostile local user (issue 24, item 2)
+def fresh(store: SnapshotStore, **kwargs) -> HealthServer:
+    store.set(samples.healthy(tick_at=1000.0))
+    return HealthServer(store, host="127.0.0.1", port=0, interval=30, clock=Clock(1000.0),
+                        **kwargs).start()
+
+
+def raw(server: HealthServer, data: bytes) -> socket.socket:
+    s = socket.create_connection((server.host, server.port), timeout=10)
+    if data:
+        s.sendall(data)
+    return s
+
+
+def read_all(s: socket.socket) -> bytes:
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    return out
+
+
+def cut(s: socket.socket, wait: float = 5.0) -> bool:
+    """True when the server closed ``s`` (end of stream or reset) within ``wait`` s."""
+    s.settimeout(wait)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_a_slow_sender_is_cut_at_the_whole_request_deadline() -> None:
+    """One byte at a time, each well within any per-read timeout: cut at the deadline."""
+    server = fresh(SnapshotStore(), request_deadline=0.5)
+    try:
+        s = raw(server, b"GET /healthz HTTP/1.1\r\n")
+        sent = 0
+        with pytest.raises(OSError):  # EPIPE / ECONNRESET once the server cut it
+            for _ in range(200):  # 200 x 0.05 s: 20 x the deadline, if never cut
+                s.sendall(b"X")
+                sent += 1
+                s.settimeout(0.05)
+                try:
+                    if s.recv(1) == b"":
+                        raise ConnectionResetError("closed by the server")
+                except TimeoutError:
+                    pass
+        assert sent < 200
+        s.close()
+    finally:
+        server.shutdown()
+
+
+def test_oversized_headers_and_a_body_are_refused(setup) -> None:
+    server, _, _ = setup
+    s = raw(server, b"GET /healthz HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 20000 + b"\r\n\r\n")
+    assert read_all(s).startswith(b"HTTP/1.1 431")
+    s = raw(server, b"GET /healthz HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello")
+    assert read_all(s).startswith(b"HTTP/1.1 413")
+
+
+def test_when_every_slot_is_taken_the_longest_waiting_connection_makes_room() -> None:
+    server = fresh(SnapshotStore(), max_connections=4)
+    try:
+        idle = [raw(server, b"GET /heal") for _ in range(4)]  # half a request each
+        status, _, _ = get(server, "/healthz")
+        assert status == 200  # answered, not refused
+        assert server.evicted >= 1
+        assert cut(idle[0])  # the oldest was cut for it
+        assert not cut(idle[-1], wait=0.2)  # the newest still waits for its request
+        for s in idle:
+            s.close()
+    finally:
+        server.shutdown()
+
+
+LOAD = r"""
+import socket, sys, time
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+held = []
+for i in range(n):
+    try:
+        s = socket.create_connection((host, port), timeout=5)
+        s.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: " if i % 2 else b"\x16\x03\x01junk")
+        held.append(s)
+    except OSError:
+        pass
+print(len(held), flush=True)
+sys.stdin.read()  # hold them until the test is done
+"""
+
+
+def test_two_thousand_slow_connections_from_an_unprivileged_user(tmp_path) -> None:
+    """2,000 connections that never finish a request (or send junk), from uid 65534, at a
+    real agent loop (1 s interval, fake runner): its fds and threads stay bounded, it keeps
+    passing and /healthz keeps answering (each get within a 1 s client timeout)."""
+    import os
+    import subprocess
+    import threading
+
+    from agent.config import load_config
+    from agent.daemon import Agent
+    from agent.health.notify import Notifier
+    from tests.unit.fakerunner import FakeRunner
+    from tests.unit.test_daemon import free_port, write_config
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the load as another user")
+    config = tmp_path / "kvagent.yaml"
+    port = free_port()
+    write_config(config, tmp_path, port, interval="1s")
+    agent = Agent(str(config), load_config(config), runner=FakeRunner(),
+                  notifier=Notifier(env={}))
+    loop = threading.Thread(target=agent.run, daemon=True)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    threads_before = threading.active_count()
+    loop.start()
+    try:
+        while agent.counters.apply_runs < 1:
+            loop.join(0.05)
+        # Debian's python3 (scripts/setup installs it): uid 65534 cannot enter /root,
+        # where this venv's interpreter lives; the load needs only the standard library.
+        load = subprocess.Popen(["/usr/bin/python3", "-c", LOAD, "127.0.0.1", str(port),
+                                 "2000"], user=65534, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            opened = int(load.stdout.readline())
+            passes_before = agent.counters.apply_runs
+            answers, latencies = [], []
+            for _ in range(10):
+                began = time.monotonic()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+                conn.request("GET", "/healthz")
+                answers.append(conn.getresponse().status)
+                latencies.append(time.monotonic() - began)
+                conn.close()
+                time.sleep(0.3)
+            passes = agent.counters.apply_runs - passes_before
+            fds_during = len(os.listdir("/proc/self/fd"))
+            threads = threading.active_count()
+            evicted = getattr(agent.server, "evicted", None)
+        finally:
+            load.stdin.close()
+            load.wait(timeout=30)
+    finally:
+        agent.events.put("stop")
+        loop.join(timeout=30)
+    print(f"[figure] {opened} hostile connections from uid 65534; /healthz {answers}, "
+          f"slowest {max(latencies) * 1000:.0f} ms; {passes} passes meanwhile; "
+          f"evicted {evicted}; fds +{fds_during - fds_before}, threads +"
+          f"{threads - threads_before}")
+    assert opened >= 1000
+    assert answers == [200] * 10
+    assert passes >= 1  # the loop went on passing under the load
+    # the loop's own: up to MAX_CONNECTIONS waiting and as many queued for a worker
+    assert fds_during - fds_before <= MAX_CONNECTIONS * 2 + 16
+    assert threads - threads_before <= WORKERS + 4

@@ -175,3 +175,12 @@ def test_stop_and_watchdog_timeouts_follow_the_agents_bounds() -> None:
     text = UNIT.read_text()
     assert "between the steps of a pass" not in text and "abandons" not in text, \
         "the old claims (pings between steps, an abandoned command) are gone"
+
+
+def test_the_unit_gives_the_agent_room_above_its_health_connections() -> None:
+    """Issue 24, item 2: no LimitNOFILE, and a flood of connections took every fd."""
+    from agent.health.server import MAX_CONNECTIONS
+
+    limits = [ln.split("=", 1)[1] for ln in UNIT.read_text().splitlines()
+              if ln.startswith("LimitNOFILE=")]
+    assert len(limits) == 1 and int(limits[0]) >= 4 * 1024 + MAX_CONNECTIONS

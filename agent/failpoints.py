@@ -3,6 +3,13 @@
 Off unless enabled: with ``$KVAGENT_FAILPOINTS`` unset at start (and :func:`configure`
 never called), :func:`step` and :func:`point` are functions that do nothing.
 
+Test-only: ``$KVAGENT_FAILPOINTS`` is obeyed only where the test switch is on — the
+root-owned regular file :data:`MARKER`, which only the test VM's boot script
+(``scripts/vm``) creates, on ``/run`` (gone at the next boot). Elsewhere the variable is
+ignored with a warning: a root process that inherits it (sudo, an Ansible environment)
+can be neither killed nor rebooted by it, nor made to write where it says. Cutting the
+power also refuses unless the switch is on *and* the machine is a virtual one.
+
 Enabled, every side effect kvagent makes through its seams is a *step*: each configfs
 change (:func:`wrap_configfs`), each command that changes something (the runner), each
 record written (``agent.state.write_json``) and each pool file made or renamed. A
@@ -30,6 +37,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -38,6 +47,10 @@ from typing import Any
 from . import progress
 
 ENV = "KVAGENT_FAILPOINTS"
+#: The test-only switch (see the module's docstring).
+MARKER = "/run/kvagent-test-vm"
+#: Where a power cut is asked of the kernel.
+SYSRQ = "/proc/sysrq-trigger"
 
 #: Programs whose runs never change anything (not steps).
 READ_ONLY_PROGRAMS = frozenset({
@@ -77,9 +90,32 @@ def _kill() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def test_switch_on() -> bool:
+    """Whether :data:`MARKER` is there: a regular file (not a link), root's, not writable by
+    group or others."""
+    try:
+        st = os.lstat(MARKER)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022
+
+
+def in_virtual_machine(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the CPU says it runs under a hypervisor (the ``hypervisor`` flag)."""
+    try:
+        with open(cpuinfo) as f:
+            return any(line.startswith("flags") and " hypervisor" in line for line in f)
+    except OSError:
+        return False
+
+
 def cut_power() -> None:
-    """Reboot at once, without sync: what a power cut leaves (test VMs only)."""
-    with open("/proc/sysrq-trigger", "w") as f:
+    """Reboot at once, without sync: what a power cut leaves. Refused (FailpointError)
+    unless the test switch is on and this is a virtual machine."""
+    if not (test_switch_on() and in_virtual_machine()):
+        raise FailpointError(f"refusing to cut the power: only a test VM ({MARKER} and a "
+                             "hypervisor) may be cut")
+    with open(SYSRQ, "w") as f:
         f.write("b")
     time.sleep(60)  # the machine is gone before this returns
 
@@ -118,7 +154,9 @@ class _Active:
     def step(self, kind: str, subject: str = "") -> None:
         self.count += 1
         if self.log:
-            with open(self.log, "a") as f:
+            fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                         0o600)
+            with os.fdopen(fd, "a") as f:
                 f.write(f"{self.count}\t{kind}\t{subject}\n")
                 f.flush()
                 os.fsync(f.fileno())
@@ -179,4 +217,17 @@ class _CountingConfigFS:
         return counted
 
 
-configure(os.environ.get(ENV))
+def configure_from_environment(env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """Obey ``$KVAGENT_FAILPOINTS`` where the test switch is on; else ignore it, with a
+    warning on stderr (a log is not set up yet when this module is imported). Whether it
+    was obeyed."""
+    spec = env.get(ENV)
+    if spec and not test_switch_on():
+        sys.stderr.write(f"kvagent: ignoring ${ENV}: failpoints are for test VMs only "
+                         f"({MARKER} is not there)\n")
+        spec = None
+    configure(spec)
+    return bool(spec)
+
+
+configure_from_environment()

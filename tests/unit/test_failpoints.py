@@ -101,3 +101,78 @@ def test_a_trigger_can_count_one_kind_of_step(tmp_path: Path) -> None:
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status)
     assert sorted(p.name for p in tmp_path.glob("*.json")) == ["a.json", "b.json"]
+
+
+# ------------------------------------------ test-only switch (issue 24, item 8)
+def test_the_environment_is_ignored_without_the_test_switch(monkeypatch, tmp_path: Path,
+                                                            capsys) -> None:
+    """A root process that inherits KVAGENT_FAILPOINTS (sudo, an Ansible environment) is
+    neither killed nor made to write where it says: without the marker, nothing is on."""
+    monkeypatch.setattr(failpoints, "MARKER", str(tmp_path / "kvagent-test-vm"))
+    log = tmp_path / "steps.log"
+    assert not failpoints.configure_from_environment(
+        {failpoints.ENV: f"log={log};kill-after=1"})
+    assert failpoints.step is failpoints._noop
+    failpoints.step("record", "x")  # would be killed after it with the spec obeyed
+    assert not log.exists()
+    assert "ignoring $KVAGENT_FAILPOINTS" in capsys.readouterr().err
+
+
+def test_only_a_root_regular_private_marker_turns_the_switch_on(monkeypatch,
+                                                               tmp_path: Path) -> None:
+    marker = tmp_path / "kvagent-test-vm"
+    monkeypatch.setattr(failpoints, "MARKER", str(marker))
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    marker.symlink_to(target)
+    assert not failpoints.test_switch_on()  # a link, even to a good file
+    marker.unlink()
+    marker.write_text("")
+    marker.chmod(0o666)
+    assert not failpoints.test_switch_on()  # anyone could have written it
+    marker.chmod(0o644)
+    if os.geteuid() == 0:
+        os.chown(marker, 65534, 65534)
+        assert not failpoints.test_switch_on()  # not root's
+        os.chown(marker, 0, 0)
+    assert failpoints.test_switch_on() == (os.geteuid() == 0)
+    if os.geteuid() == 0:
+        assert failpoints.configure_from_environment({failpoints.ENV: "target.plan=raise"})
+        with pytest.raises(failpoints.FailpointError):
+            failpoints.point("target.plan")
+
+
+def test_cut_refuses_outside_a_test_vm(monkeypatch, tmp_path: Path) -> None:
+    """Without the switch, or on bare metal, a power cut is refused before sysrq is opened."""
+    sysrq = tmp_path / "sysrq-trigger"
+    monkeypatch.setattr(failpoints, "SYSRQ", str(sysrq))
+    monkeypatch.setattr(failpoints, "MARKER", str(tmp_path / "absent"))
+    monkeypatch.setattr(failpoints.time, "sleep", lambda _s: None)
+    with pytest.raises(failpoints.FailpointError, match="refusing to cut the power"):
+        failpoints.cut_power()
+    assert not sysrq.exists()
+    (tmp_path / "marker").write_text("")
+    (tmp_path / "marker").chmod(0o644)
+    monkeypatch.setattr(failpoints, "MARKER", str(tmp_path / "marker"))
+    monkeypatch.setattr(failpoints, "in_virtual_machine", lambda: False)
+    with pytest.raises(failpoints.FailpointError):
+        failpoints.cut_power()  # the switch alone is not enough on bare metal
+    assert not sysrq.exists()
+
+
+def test_in_virtual_machine_reads_the_hypervisor_flag(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu vme sse2\n")
+    assert not failpoints.in_virtual_machine(str(cpuinfo))
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu vme sse2 hypervisor lahf_lm\n")
+    assert failpoints.in_virtual_machine(str(cpuinfo))
+
+
+def test_the_step_log_never_follows_a_link(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (tmp_path / "steps.log").symlink_to(victim)
+    failpoints.configure(f"log={tmp_path / 'steps.log'}")
+    with pytest.raises(OSError):
+        failpoints.step("record", "x")
+    assert victim.read_text() == "precious\n"

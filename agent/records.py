@@ -27,6 +27,7 @@ file from a newer kvagent is refused rather than guessed at.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -61,6 +62,20 @@ def _schema(data: Any, path: Path) -> int:
                           f"one reads up to {SCHEMA})",
                           "upgrade kvagent, or restore the records the older version wrote")
     return version
+
+
+def recorded_path(value: Any, what: str, *, absolute: bool = True) -> str:
+    """``value`` as a path field of a record: a string without NUL or ``..`` components,
+    and (``absolute``) absolute and normalized — else ValueError naming ``what``.
+    Records are root's (:func:`agent.state.read_record`); this keeps a corrupt one from
+    pointing kvagent anywhere but where it could have written."""
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise ValueError(f"{what} is not a path: {value!r}")
+    if ".." in value.split("/"):
+        raise ValueError(f"{what} {value!r} has a '..' component")
+    if absolute and (not value.startswith("/") or os.path.normpath(value) != value):
+        raise ValueError(f"{what} {value!r} is not an absolute, normalized path")
+    return value
 
 
 def _typed(path: Path, build: Any, *args: Any) -> Any:
@@ -106,8 +121,11 @@ class Binding:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Binding:
+        storage = dict(d["storage"])
+        storage["path"] = recorded_path(storage.get("path"), "a binding's storage path",
+                                        absolute=False)
         return cls(str(d["nqn"]), int(d["nsid"]), str(d["uuid"]), str(d["nguid"]),
-                   str(d["pool"]), d.get("host"), Storage(**d["storage"]), d.get("size"))
+                   str(d["pool"]), d.get("host"), Storage(**storage), d.get("size"))
 
     def to_json(self) -> dict[str, Any]:
         """``dataclasses.asdict(self)``, written out: every pass builds one per namespace
@@ -144,6 +162,8 @@ class DeviceClaim:
     def from_json(cls, path: str, d: Mapping[str, Any]) -> DeviceClaim:
         known = {k: d[k] for k in ("pool", "host", "device", "size", "nsid", "uuid", "nguid",
                                    "wwid", "serial") if k in d}
+        recorded_path(path, "a device claim's path")
+        recorded_path(known.get("device"), f"the device of claim {path}")
         return cls(path=path, **known)
 
 
@@ -395,7 +415,11 @@ class PoolAttachment:
     def from_json(cls, d: Mapping[str, Any]) -> PoolAttachment:
         layout = d.get("layout", "per-namespace")
         devices = [AttachedDevice(**x) for x in d.get("devices", [])]
-        mounts = [str(m) for m in d.get("mounts", [])]
+        for x in devices:
+            recorded_path(x.device, "an attached device")
+            if x.mount is not None:
+                recorded_path(x.mount, f"the mount of {x.device}")
+        mounts = [recorded_path(m, "a mount") for m in d.get("mounts", [])]
         if (layout == "per-namespace" and not d.get("shared") and devices
                 and all(x.mount is None for x in devices) and len(devices) == len(mounts)):
             # Written before devices named their mount: namespace i was mounted on
@@ -406,14 +430,25 @@ class PoolAttachment:
                    shared=bool(d.get("shared", False)),
                    subsystems=[SubsystemPath.from_json(s) for s in d.get("subsystems", [])],
                    devices=devices, mounts=mounts,
-                   created_dirs=list(d.get("created_dirs", [])),
+                   created_dirs=[recorded_path(c, "a created directory")
+                                 for c in d.get("created_dirs", [])],
                    complete=bool(d.get("complete", False)),
-                   recoveries=[MountRecovery(str(r["mount"]), int(r["count"]),
+                   recoveries=[MountRecovery(recorded_path(r["mount"], "a recovered mount"),
+                                             int(r["count"]),
                                              float(r["last_at"]))
                                for r in d.get("recoveries", [])])
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "subsystems": [s.to_json() for s in self.subsystems]}
+
+    def removable_dirs(self) -> list[str]:
+        """The created directories kvagent may remove: each one a recorded mount or a
+        directory above one (what ``mkdir -p`` of a mount made); any other recorded one
+        is not kvagent's to remove."""
+        mounts = [*self.mounts, *(x.mount for x in self.devices if x.mount),
+                  *(r.mount for r in self.recoveries)]
+        return [d for d in self.created_dirs
+                if any(m == d or m.startswith(d.rstrip("/") + "/") for m in mounts)]
 
     def device_mount(self, uuid: str) -> str | None:
         """The directory recorded for the namespace with ``uuid`` (None if none)."""

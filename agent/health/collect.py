@@ -9,7 +9,6 @@ read the stored result.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from ..records import (
     probes_path,
     read_last_apply,
 )
+from ..state import read_json
 from ..system.run import Runner
 from ..system.xfsquota import QuotaOps, XfsQuota
 from ..target.desired import pool_layout
@@ -202,8 +202,10 @@ def _safe_initiator_state(cfg: Config) -> dict[str, PoolAttachment]:
 def _probe_summary(cfg: Config, pool: str) -> dict[str, bool] | None:
     path = probes_path(cfg.node.state_dir, pool)
     try:
-        probes = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        probes = read_json(path, None)
+    except KvagentError:
+        return None
+    if not isinstance(probes, list) or not all(isinstance(p, dict) for p in probes):
         return None
     return {"odirect": all(p.get("odirect_ok") for p in probes),
             "fallocate": all(p.get("fallocate_ok") for p in probes)}

@@ -757,7 +757,11 @@ class InitiatorPass:
         self._disconnect_all(name, record.subsystems, record.hostnqn)
         if self.dry_run:
             return
-        removed = remove_mount_points(record.created_dirs, self.seams.mountinfo)
+        removable = record.removable_dirs()
+        for d in sorted(set(record.created_dirs) - set(removable)):
+            log.warning("kept a recorded directory that is no mount of the pool",
+                        pool=name, directory=d)
+        removed = remove_mount_points(removable, self.seams.mountinfo)
         for d in removed:
             self._act(name, "rmdir", d, "mount directory kvagent created")
 

@@ -16,10 +16,13 @@ from agent.fabrics import FabricsAddress
 from agent.records import Binding, Storage
 
 text = st.text(max_size=12)
+#: What a binding's storage path may be (records refuse '..' components and NUL).
+paths = st.from_regex(r"/[a-z0-9/._-]{0,11}", fullmatch=True).filter(
+    lambda p: ".." not in p.split("/"))
 
 
 @given(st.builds(Binding, text, st.integers(1, 1024), text, text, text, st.none() | text,
-                 st.builds(Storage, text, text, text), st.none() | st.integers(0, 1 << 50)))
+                 st.builds(Storage, text, paths, text), st.none() | st.integers(0, 1 << 50)))
 def test_binding_to_json_is_asdict(binding: Binding) -> None:
     assert binding.to_json() == asdict(binding)
     assert list(binding.to_json()) == [f.name for f in fields(Binding)]  # same key order

@@ -20,6 +20,7 @@ import binascii
 import errno
 import hashlib
 import os
+import re
 import stat
 import zlib
 from collections.abc import Callable
@@ -48,6 +49,17 @@ class Secret:
     @property
     def fingerprint(self) -> str:
         return fingerprint(self.text)
+
+
+#: A DH-HMAC-CHAP secret or a TLS PSK (agent.tlspsk) written out, wherever it appears.
+_SECRET_TEXT = re.compile(r"(?:DHHC-1|NVMeTLSkey-1):[^\s'\",]*")
+
+
+def redact(text: str) -> str:
+    """``text`` with every DH-HMAC-CHAP secret and TLS PSK in it replaced by
+    ``<secret>``: for messages that echo what a user gave (a config value) where a
+    secret may have been pasted by mistake."""
+    return _SECRET_TEXT.sub("<secret>", text)
 
 
 def fingerprint(text: str) -> str:

@@ -15,7 +15,7 @@ from nvmet.nvmetcli import dumps
 from nvmet.reader import read
 
 from ..config import config_path, load_config
-from ..errors import KvagentError
+from ..errors import KvagentError, UsageError
 from .output import emit
 
 DEFAULT_CONFIGFS = "/sys/kernel/config"
@@ -144,9 +144,18 @@ def export(fmt: str, out_file: str | None, configfs: str | None) -> None:
 
     The file can be restored with 'nvmetcli restore FILE'. Read-only on nvmet. It holds
     the hosts' DH-HMAC-CHAP secrets (a restore needs them): --file writes it readable by
-    its owner only (0600), never through a symlink.
+    its owner only (0600), never through a symlink. A tree with secrets is never
+    printed: without --file it is refused (exit 2).
     """
     tree = read_live(configfs)
+    keyed = sorted(h.nqn for h in tree.hosts.values()
+                   if any(v and is_secret(k) for k, v in h.attrs.items()))
+    if keyed and not out_file:
+        raise UsageError(
+            f"the live tree holds the DH-HMAC-CHAP secrets of {len(keyed)} host(s) "
+            f"({', '.join(keyed)}), and kvagent never prints a secret",
+            "write the export to a file readable by root only: kvagent target export "
+            "-f FILE (mode 0600)")
     text = dumps(tree)
     if out_file:
         try:

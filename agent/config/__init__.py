@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from ..dhchap import redact
 from .build import Builder, Problem, format_path
 from .model import (
     Config,
@@ -63,6 +64,17 @@ class ConfigProblem:
     line: int | None
     field: str
     message: str
+
+    def __post_init__(self) -> None:
+        # A secret pasted where its file belongs would be echoed to the terminal, the
+        # journal, kvagent status and apply's answer: never show it (issue 24).
+        field, message = redact(self.field), redact(self.message)
+        if (field, message) != (self.field, self.message):
+            message += ("; that is a secret itself, and the config holds only paths: put it "
+                        "in a file of its own (root's, mode 0600; kvagent keys generate "
+                        "makes one) and give the file's path")
+        object.__setattr__(self, "field", field)
+        object.__setattr__(self, "message", message)
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file

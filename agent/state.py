@@ -29,11 +29,13 @@ MAX_RECORD_BYTES = 64 << 20
 
 def trust_problem(st: os.stat_result) -> str | None:
     """Why a file or directory with ``st`` cannot hold kvagent's records (None: it can):
-    it must be root's (or this process's user's) and not writable by group or others."""
+    it must be root's (or this process's user's) and writable by nobody else (its group
+    may write only when that is root's group)."""
     if st.st_uid not in (0, os.geteuid()):
         return f"is owned by uid {st.st_uid}, not root"
-    if st.st_mode & 0o022:
-        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    if st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0):
+        return (f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}, "
+                f"group {st.st_gid})")
     return None
 
 

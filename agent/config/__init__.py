@@ -132,17 +132,18 @@ MAX_CONFIG_BYTES = 16 << 20
 
 def trust_problem(st: os.stat_result, euid: int) -> str | None:
     """Why a process running as ``euid`` must not take a config file with status ``st``
-    (None: it may). Root takes only a file that root owns and nobody else can write: the
-    config decides what root formats, exports and deletes."""
+    (None: it may). Root takes only a file that root owns and nobody else can write (its
+    group may, when that is root's group): the config decides what root formats, exports
+    and deletes."""
     if euid != 0:
         return None
     if st.st_uid != 0:
         return (f"is owned by uid {st.st_uid}, not root: a root kvagent does not take orders "
                 "from a file another user can change (chown root FILE)")
-    if st.st_mode & 0o022:
-        return (f"is writable by its group or by everyone (mode {st.st_mode & 0o7777:04o}): "
-                "a root kvagent does not take orders from a file others can change "
-                "(chmod go-w FILE)")
+    if st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0):
+        return (f"is writable by its group or by everyone (mode {st.st_mode & 0o7777:04o}, "
+                f"group {st.st_gid}): a root kvagent does not take orders from a file others "
+                "can change (chmod go-w FILE)")
     return None
 
 

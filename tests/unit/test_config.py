@@ -394,20 +394,20 @@ def test_mount_root_below_a_system_directory_is_fine(mount: str) -> None:
 
 
 # ------------------------------------------------------------------ who wrote the file
-@pytest.mark.parametrize(("mode", "uid", "words"), [
-    (0o666, 0, "writable by its group or by everyone (mode 0666)"),
-    (0o664, 0, "mode 0664"),
-    (0o644, 1000, "owned by uid 1000, not root"),
+@pytest.mark.parametrize(("mode", "uid", "gid", "words"), [
+    (0o666, 0, 0, "writable by its group or by everyone (mode 0666"),
+    (0o664, 0, 100, "mode 0664, group 100"),
+    (0o644, 1000, 0, "owned by uid 1000, not root"),
 ])
 def test_root_refuses_a_config_others_can_change(tmp_path: Path, mode: int, uid: int,
-                                                 words: str) -> None:
+                                                 gid: int, words: str) -> None:
     """Issue 24, item 15: a 0666 file, or a user's file, was loaded by the root daemon."""
     if os.geteuid() != 0:
         pytest.skip("the rule is root's; this test needs root to chown")
     file = tmp_path / "kvagent.yaml"
     file.write_text(yaml.safe_dump(base(), sort_keys=False))
     os.chmod(file, mode)
-    os.chown(file, uid, 0)
+    os.chown(file, uid, gid)
     result = CliRunner().invoke(main, ["-c", str(file), "config", "validate"])
     assert result.exit_code == 2, result.output
     assert f"kvagent: config error: {file}: (file): " in result.stderr and words in result.stderr
@@ -419,10 +419,12 @@ def test_root_takes_its_own_file_and_others_any(tmp_path: Path) -> None:
 
     from agent.config import trust_problem
 
-    def status(mode: int, uid: int) -> os.stat_result:
-        return os.stat_result((st_.S_IFREG | mode, 0, 0, 1, uid, 0, 10, 0, 0, 0))
+    def status(mode: int, uid: int, gid: int = 0) -> os.stat_result:
+        return os.stat_result((st_.S_IFREG | mode, 0, 0, 1, uid, gid, 10, 0, 0, 0))
 
     assert trust_problem(status(0o644, 0), 0) is None
+    assert trust_problem(status(0o664, 0), 0) is None  # root's group: a checkout's umask 002
+    assert "group 100" in trust_problem(status(0o664, 0, 100), 0)
     assert trust_problem(status(0o600, 0), 0) is None
     assert trust_problem(status(0o666, 1000), 1000) is None  # not root: its own business
     assert "uid 1000" in trust_problem(status(0o600, 1000), 0)

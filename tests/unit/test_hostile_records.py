@@ -80,8 +80,10 @@ def plant(path: Path, attack: str, content: Any, victim: Path) -> str:
     if attack == "other-owner":
         os.chown(path, 65534, 65534)
         return "65534"
-    if attack == "group-writable":
+    if attack == "group-writable":  # a group other than root's (root's group is root)
         os.chmod(path, 0o620)
+        if ROOT:
+            os.chown(path, 0, 100)
         return "writable"
     if attack == "directory-writable":
         os.chmod(path.parent, 0o777)

@@ -124,8 +124,10 @@ def create_file(directory: Path, rel: str, size: int, uuid: str, nguid: str) -> 
     temp_rel = temp_of(rel)
     temp, final = directory / temp_rel, directory / rel
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    real_directories(directory, rel)
     _update(directory, rel, ManifestEntry(size, uuid, nguid, "creating", temp_rel))
     temp.parent.mkdir(exist_ok=True, mode=0o700)
+    real_directories(directory, rel)
     try:
         fd = os.open(temp, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
         try:
@@ -162,8 +164,14 @@ def check_intent(directory: Path, rel: str, entry: ManifestEntry) -> None:
 def finish_file(directory: Path, rel: str, entry: ManifestEntry) -> None:
     """Finish a create that was interrupted (its intent is in the manifest)."""
     check_intent(directory, rel, entry)
+    real_directories(directory, rel)
     temp = directory / (entry.temp or "")
     final = directory / rel
+    for path in (final, temp) if entry.temp else (final,):
+        problem = not_a_file(path)
+        if problem:
+            raise FileBackingError(f"{path} is {problem}, not a file kvagent made; refusing "
+                                   "to finish a namespace file through it", LINK_HINT)
     done = ManifestEntry(entry.size, entry.uuid, entry.nguid)
     if final.exists() and not (entry.temp and temp.exists()):
         _update(directory, rel, done)  # renamed before the kill: only the record was left
@@ -181,7 +189,7 @@ def finish_file(directory: Path, rel: str, entry: ManifestEntry) -> None:
 
 
 def _finish(directory: Path, rel: str, temp: Path, final: Path, done: ManifestEntry) -> None:
-    if final.exists():
+    if os.path.lexists(final):
         raise FileBackingError(f"{final} appeared while kvagent was creating it; not "
                                "overwriting it")
     os.rename(temp, final)
@@ -195,6 +203,7 @@ def _recorder(directory: Path, rel: str, entry: ManifestEntry):
 
 
 def grow_file(directory: Path, rel: str, size: int) -> None:
+    real_directories(directory, rel)
     path = directory / rel
     fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
     try:
@@ -252,20 +261,52 @@ def file_storage(path: Path | str, detail: str = "",
     return Storage("file", str(path), detail)
 
 
-def _current_size(path: str) -> tuple[int | None, os.stat_result | None]:
-    """(size, lstat) of an existing pool file, following a symlink for the size as
-    ``Path.stat`` does; (None, None) when it is missing. One system call for a regular
-    file (a converged pass stats every file of every pool)."""
+#: What to do about a link or other non-file where kvagent keeps a pool's files.
+LINK_HINT = ("kvagent never follows a link out of a pool directory (it would export or "
+             "overwrite what the link leads to); remove it and restore the file, or destroy "
+             "the pool's data and apply again")
+
+
+def _lstat(path: Path | str) -> os.stat_result | None:
     try:
-        st = os.stat(path, follow_symlinks=False)
+        return os.stat(path, follow_symlinks=False)
     except (FileNotFoundError, NotADirectoryError):
-        return None, None
-    if not stat.S_ISLNK(st.st_mode):
-        return st.st_size, st
-    try:
-        return os.stat(path).st_size, st
-    except (FileNotFoundError, NotADirectoryError):
-        return None, None
+        return None
+
+
+def _kind(st: os.stat_result) -> str:
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(st.st_mode):
+        return "a directory"
+    return "not a regular file"
+
+
+def not_a_file(path: Path | str) -> str | None:
+    """What is wrong with ``path`` as a pool file (a link, a directory, a device...), or
+    None for a regular file or nothing at all."""
+    st = _lstat(path)
+    return None if st is None or stat.S_ISREG(st.st_mode) else _kind(st)
+
+
+def not_a_directory(path: Path | str) -> str | None:
+    """What is wrong with ``path`` as a directory kvagent made (a link, a file...), or None
+    for a real directory or nothing at all."""
+    st = _lstat(path)
+    if st is None or stat.S_ISDIR(st.st_mode):
+        return None
+    return "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+
+
+def real_directories(directory: Path, rel: str) -> None:
+    """Refuse unless the pool directory and ``rel``'s host directory, where they exist, are
+    directories and not links: a link there would put kvagent's files (and what it moves
+    or grows) outside the pool."""
+    for d in (directory, directory / rel.partition("/")[0]):
+        problem = not_a_directory(d)
+        if problem:
+            raise FileBackingError(f"{d} is {problem}; kvagent creates it as a directory and "
+                                   "works only inside the pool directory", LINK_HINT)
 
 
 class FileDriver:
@@ -305,11 +346,20 @@ class FileDriver:
                                f"{UNUSABLE_FILESYSTEMS[fstype]}; put the pool's files on a "
                                "local filesystem (xfs, ext4) or tmpfs")
             return plan
+        layout = self.layout(pool, ctx.records)
+        odd = [f"{d} is {problem}" for d in (directory, *(directory / (h or "shared")
+                                                            for h in layout))
+               if (problem := not_a_directory(d))]
+        if odd:
+            plan.errors.append(f"pool {pool.name}: {'; '.join(odd)}: kvagent creates these as "
+                               f"directories and works only inside the pool directory. "
+                               f"{LINK_HINT}")
+            return plan
         owned = FileManifest.load(directory).files
         size = pool.namespaces.size
         creates = False
         base = str(directory)
-        for host, nsids in self.layout(pool, ctx.records).items():
+        for host, nsids in layout.items():
             for nsid in nsids:
                 rel = relative_path(host, nsid)
                 path = f"{base}/{rel}"  # str(directory / rel), without pathlib per file
@@ -335,6 +385,13 @@ class FileDriver:
                     except FileBackingError as exc:
                         plan.errors.append(f"pool {pool.name}: {exc.message}")
                         continue
+                    odd = [f"{p} is {problem}" for p in (path, f"{base}/{temp_of(rel)}")
+                           if (problem := not_a_file(p))]
+                    if odd:
+                        plan.errors.append(f"pool {pool.name}: {'; '.join(odd)}, not a file "
+                                           f"kvagent made; refusing to finish namespace "
+                                           f"{nsid} through it. {LINK_HINT}")
+                        continue
                     uuid, nguid = entry.uuid or "", entry.nguid or ""
                     plan.steps.append(Step(
                         "file.finish", pool.name, path,
@@ -343,12 +400,19 @@ class FileDriver:
                     storage = file_storage(path, "being created")
                 else:
                     uuid, nguid = entry.uuid or "", entry.nguid or ""
-                    current, st = _current_size(path)  # exists, and its size
-                    if current is None:
+                    st = _lstat(path)  # one system call per file: a converged pass
+                    if st is None:
                         plan.errors.append(
                             f"pool {pool.name}: {path} is recorded as kvagent's but is "
                             "missing; kvagent will not recreate it silently")
                         continue
+                    if not stat.S_ISREG(st.st_mode):
+                        plan.errors.append(
+                            f"pool {pool.name}: {path} is {_kind(st)}, not the file kvagent "
+                            f"created; refusing to export or grow what it leads to. "
+                            f"{LINK_HINT}")
+                        continue
+                    current = st.st_size
                     if not uuid or not nguid:
                         uuid, nguid = legacy_ids(ctx.nqn(pool.name, host), nsid)
                         plan.steps.append(Step(

@@ -9,7 +9,7 @@ turning auth off for a host is refused with the way to do it.
 
 A GPU host re-authenticates once per secret it is given: rotating one secret at a time
 keeps its controllers live; for both at once it replaces each controller with a new one
-(agent.initiator.connect.refresh_secrets), which is warned about here.
+(agent.initiator.connect.refresh_controllers), which is warned about here.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def plan_host_auth(pools: list[TargetPool], live: Tree,
     A host entry kvagent did not create (not in ``owned_hosts``) that a subsystem outside
     ``subsystem_prefix`` (someone else's) allows is not kvagent's to give a secret: its
     secrets are the admin's, and writing kvagent's would change them for their subsystem
-    too. That pool has an error instead."""
+    too; nor is one allowed by no subsystem that holds secrets other than the config's.
+    That pool has an error instead."""
     out = HostAuthPlan()
     for pool in pools:
         for i, host in enumerate(pool.hosts):
@@ -110,6 +111,17 @@ def plan_host_auth(pools: list[TargetPool], live: Tree,
                      "dhchap_dhgroup": host.auth.dhgroup}
             if ctrl is not None:
                 attrs["dhchap_ctrl_key"] = ctrl.text
+            changed = [f for f in live_keys if lhost is not None
+                       and lhost.attrs.get(f) != attrs.get(f)]
+            if host.nqn not in owned_hosts and changed:
+                out.errors.setdefault(pool.name, []).append((
+                    f"{where}: nvmet's host entry {host.nqn} was not made by kvagent and "
+                    f"holds DH-HMAC-CHAP secrets of its own ({', '.join(changed)}); kvagent "
+                    "does not write over someone else's secrets",
+                    "give this GPU host its own host NQN, or put the entry's secrets in the "
+                    "pool's key files (then it is taken over as it is), or remove the entry "
+                    "by hand and apply again"))
+                continue
             if (host.nqn not in out.attrs and lhost is not None
                     and len(live_keys) == 2 and "dhchap_ctrl_key" in attrs
                     and all(lhost.attrs[f] != attrs[f] for f in live_keys)):

@@ -202,3 +202,23 @@ def test_a_hand_made_host_entry_of_someone_elses_subsystem_keeps_its_secret(
     assert err.pool == "kv" and "not made by kvagent" in err.message and theirs in err.message
     assert target.fs.read(f"hosts/{H1}/dhchap_key") == secret
     assert target.fs.exists(f"subsystems/{theirs}/allowed_hosts/{H1}")
+
+
+def test_a_hand_made_host_entry_no_subsystem_allows_keeps_its_secret(tmp_path: Path) -> None:
+    """An admin's host entry with its own secret, allowed by no subsystem yet: not
+    kvagent's to overwrite either. With the same secret in the pool's key file it is taken
+    over as it is."""
+    key_file = keyed(tmp_path, "h1.key")
+    target = on_612(tmp_path)
+    theirs = generate()
+    target.fs.mkdir(f"hosts/{H1}")
+    target.fs.write(f"hosts/{H1}/dhchap_key", theirs.text)
+    result = target.run(config(tmp_path, [auth_pool(tmp_path)]))
+    [err] = result.errors
+    assert "not made by kvagent" in err.message and "secrets of its own" in err.message
+    assert target.fs.read(f"hosts/{H1}/dhchap_key") == theirs.text
+    Path(key_file).unlink()
+    write_secret(key_file, theirs)
+    result = target.run(config(tmp_path, [auth_pool(tmp_path)]))
+    assert result.ok, result.errors
+    assert target.fs.read(f"hosts/{H1}/dhchap_key") == theirs.text

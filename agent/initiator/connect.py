@@ -9,6 +9,11 @@ nothing is run. Otherwise ``nvme connect``
 runs; transient failures are retried with tenacity (bounded, logged),
 permanent ones raise at once with the kernel's reason.
 
+A matching controller that is not as the target wants it is replaced, make before break,
+as one bounded step (:func:`replace_controller`): its TLS state is part of what is
+wanted (a plaintext controller for a pool that wants TLS, or the reverse), and so are its
+DH-HMAC-CHAP secrets when both changed at once.
+
 nvme-cli 2.3 quirks handled here (fixtures/nvme-2.3/):
 - a connect to an already-connected subsystem exits 1 ("already connected"),
   so after a failure sysfs is checked again;
@@ -37,6 +42,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from .. import progress
 from ..errors import KvagentError
 from ..fabrics import FabricsAddress
 from ..log import get_logger
@@ -53,6 +59,18 @@ from .nvmecli import (
 from .sysfs import Controller, Sysfs
 
 log = get_logger("initiator.connect")
+
+#: The most one controller replacement may take, all of it (:func:`replace_controller`):
+#: the new controller's /dev/nvme-fabrics write, its wait to be live with paths, the old
+#: one's disconnect. Well below the unit's stop budget (TimeoutStopSec=45s), and SIGTERM
+#: ends it sooner still: the write is a command the runner kills, the wait polls the stop
+#: flag.
+REPLACE_BOUND = 30.0
+#: Of which the new controller's write may take (a target that does not answer: the
+#: kernel's own connect goes on longer, in the killed command).
+REPLACE_CONNECT = 15.0
+#: Kept for the old controller's disconnect at the end.
+REPLACE_DISCONNECT = 5.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +92,13 @@ class Target:
         """Same subsystem and endpoint (host NQN not compared)."""
         return ctrl.subsysnqn == self.subsysnqn and self.address.same_endpoint(ctrl.address)
 
+    def tls_differs(self, ctrl: Controller) -> bool:
+        """Whether ``ctrl`` (one of this target's) is known to be connected with TLS while
+        this target wants none, or the reverse (a TCP controller whose state sysfs cannot
+        tell is not)."""
+        return (ctrl.address.transport == "tcp" and ctrl.tls is not None
+                and ctrl.tls != self.options.tls)
+
 
 @dataclass(frozen=True)
 class ConnectResult:
@@ -84,6 +109,57 @@ class ConnectResult:
     #: what was not done to controllers that stay as they were (e.g. a rotation of both
     #: DH-HMAC-CHAP secrets this host cannot do safely): the caller reports them
     refused: tuple[KvagentError, ...] = ()
+    #: controllers replaced by new ones (TLS added or removed, both secrets rotated)
+    replaced: tuple[Replacement, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a controller is replaced rather than kept (:func:`replacement_reason`)."""
+
+    #: the action kind plan/apply report (``nvme.tls``, ``nvme.auth``)
+    kind: str
+    #: what is wrong with the controller, as logs and errors say it
+    what: str
+    #: what the new controller brings, as plan/apply report it
+    brings: str
+    #: the hint when it cannot be replaced (no native multipath)
+    no_multipath_hint: str
+
+
+TLS_ADDED = Reason(
+    "nvme.tls", "plaintext controller, the pool wants TLS", "a new controller with TLS",
+    "set nvme_core.multipath=Y, or remove the pool from the config, apply, and add it "
+    "back (it then connects with TLS)")
+TLS_REMOVED = Reason(
+    "nvme.tls", "TLS controller, the pool no longer wants TLS",
+    "a new controller without TLS",
+    "set nvme_core.multipath=Y, or remove the pool from the config, apply, and add it "
+    "back (it then connects without TLS)")
+BOTH_SECRETS = Reason(
+    "nvme.auth", "both DH-HMAC-CHAP secrets changed at once", "a new controller with them",
+    "rotate one secret at a time (giving a live controller one new secret and one old can "
+    "hang its re-authentication on 6.12), or set nvme_core.multipath=Y")
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A controller replaced by a new one (what plan/apply report)."""
+
+    reason: Reason
+    old: str
+    new: str
+    #: ``old`` (not live) was disconnected before ``new`` connected (break before make)
+    broke_first: bool = False
+
+    def describe(self) -> str:
+        """``plaintext controller, …: nvme5 connected (a new controller with TLS), nvme2
+        disconnected``."""
+        if self.broke_first:
+            return (f"{self.reason.what}: {self.old} (not live) disconnected, then "
+                    f"{self.new} connected ({self.reason.brings})")
+        return (f"{self.reason.what}: {self.new} connected ({self.reason.brings}), "
+                f"{self.old} disconnected")
 
 
 def find_controllers(target: Target, sysfs: Sysfs, *, usable_only: bool = True
@@ -108,22 +184,24 @@ def _log_retry(state: RetryCallState) -> None:
 def connect(target: Target, *, cli: NvmeCli, sysfs: Sysfs, attempts: int = 5,
             wait_initial: float = 1.0, wait_max: float = 10.0,
             sleep: Callable[[float], None] = time.sleep,
-            settle: float = 5.0, path_wait: float = 30.0) -> ConnectResult:
+            settle: float = 5.0, replace_bound: float = REPLACE_BOUND,
+            clock: Callable[[], float] = time.monotonic) -> ConnectResult:
     """Connect ``target`` unless a matching usable controller exists; return its controllers.
 
     Transient failures are retried up to ``attempts`` times (exponential wait
     from ``wait_initial`` to ``wait_max`` seconds); permanent ones raise
     :class:`~agent.initiator.nvmecli.PermanentConnectError` at once.
     ``settle`` bounds how long to wait for a just-connected controller to show
-    up in sysfs; ``path_wait`` how long a controller that replaces one (a rotation of
-    both DH-HMAC-CHAP secrets, :func:`refresh_secrets`) may take to be live with paths.
+    up in sysfs; ``replace_bound`` how long replacing an existing controller may take, all
+    of it (:func:`refresh_controllers`: TLS added or removed, both DH-HMAC-CHAP secrets
+    rotated).
     """
     existing = find_controllers(target, sysfs)
     if existing:
         log.debug("already connected", subsysnqn=target.subsysnqn,
                   controllers=[c.name for c in existing])
-        return refresh_secrets(target, existing, sysfs, cli=cli, path_wait=path_wait,
-                               sleep=sleep)
+        return refresh_controllers(target, existing, sysfs, cli=cli, bound=replace_bound,
+                                   sleep=sleep, clock=clock)
 
     made: list[bool] = []
 
@@ -164,44 +242,62 @@ def connect(target: Target, *, cli: NvmeCli, sysfs: Sysfs, attempts: int = 5,
     return ConnectResult(controllers, changed=bool(made))
 
 
-def refresh_secrets(target: Target, controllers: list[Controller], sysfs: Sysfs, *,
-                    cli: NvmeCli, path_wait: float = 30.0,
-                    sleep: Callable[[float], None] = time.sleep) -> ConnectResult:
-    """Give live controllers the target's DH-HMAC-CHAP secrets where theirs differ (a
-    rotation); the result holds the target's controllers afterwards.
+def refresh_controllers(target: Target, controllers: list[Controller], sysfs: Sysfs, *,
+                        cli: NvmeCli, bound: float = REPLACE_BOUND,
+                        sleep: Callable[[float], None] = time.sleep,
+                        clock: Callable[[], float] = time.monotonic) -> ConnectResult:
+    """Bring the target's live controllers to what it wants; the result holds its
+    controllers afterwards.
 
-    One secret changed: it is written to the controller's attribute, and the kernel
-    re-authenticates the live controller at once (no disconnect; live throughout in the
-    kernel tier). Both changed: every write starts a re-authentication, and the first one
-    pairs a new secret with an old one. It fails, the target drops the connection, and on
-    6.12 a drop during the host's re-authentication can hang the controller's error
+    TLS: a controller whose TLS state is not the target's (a plaintext one for a pool that
+    now wants TLS, or the reverse) is not "ours as wanted": it is replaced
+    (:func:`replace_controller`), whatever else matches. The kernel cannot add or drop TLS
+    on a controller, and once the storage host's port requires TLS a plaintext controller
+    retries for ever.
+
+    DH-HMAC-CHAP: one secret changed is written to the controller's attribute, and the
+    kernel re-authenticates the live controller at once (no disconnect; live throughout in
+    the kernel tier). Both changed: every write starts a re-authentication, and the first
+    one pairs a new secret with an old one. It fails, the target drops the connection, and
+    on 6.12 a drop during the host's re-authentication can hang the controller's error
     recovery, its re-authentication and any later secret write for good (seen in the
-    kernel tier with either order, back to back). So a controller is never given both:
-    :func:`_replace_controller` connects a second controller with the new secrets and
-    then disconnects the old one (make before break; native multipath moves the I/O).
-    Where that cannot be done safely the controller is left as it is and the refusal is
-    in ``refused``. (Removing a secret needs a reconnect: the kernel keeps the one it has.)
+    kernel tier with either order, back to back). So a controller is never given both: it
+    is replaced. (Removing a secret needs a reconnect: the kernel keeps the one it has.)
+
+    A replacement that cannot be done safely leaves the controller as it is, with the
+    refusal in ``refused``; one that is done is in ``replaced``.
     """
-    result: list[Controller] = []
+    result: dict[str, Controller] = {}
     refused: list[KvagentError] = []
+    replaced: list[Replacement] = []
     changed = False
     for ctrl in controllers:
-        stale = stale_secrets(target, ctrl, sysfs)
-        if len(stale) == 1:
-            sysfs.set_controller_secrets(ctrl.name, stale)
-            log.info("new DH-HMAC-CHAP secret given: re-authenticating", controller=ctrl.name,
-                     subsysnqn=target.subsysnqn, attributes=[stale[0][0]])
-            changed = True
-        elif stale:
-            try:
-                result.append(_replace_controller(target, ctrl, sysfs, cli=cli,
-                                                  wait=path_wait, sleep=sleep))
+        if ctrl.name in result:
+            continue  # a replacement of an earlier one in this list
+        reason = replacement_reason(target, ctrl, sysfs)
+        if reason is None:
+            stale = stale_secrets(target, ctrl, sysfs)
+            if stale:
+                sysfs.set_controller_secrets(ctrl.name, stale)
+                log.info("new DH-HMAC-CHAP secret given: re-authenticating",
+                         controller=ctrl.name, subsysnqn=target.subsysnqn,
+                         attributes=[stale[0][0]])
                 changed = True
-                continue
-            except KvagentError as exc:
-                refused.append(exc)
-        result.append(ctrl)
-    return ConnectResult(tuple(result), changed=changed, refused=tuple(refused))
+            result[ctrl.name] = ctrl
+            continue
+        try:
+            new, broke = replace_controller(target, ctrl, reason, sysfs, cli=cli,
+                                            bound=bound, sleep=sleep, clock=clock)
+        except KvagentError as exc:
+            refused.append(exc)
+            if sysfs.controller(ctrl.name) is not None:  # (one that was not live may be gone)
+                result[ctrl.name] = ctrl
+            continue
+        replaced.append(Replacement(reason, ctrl.name, new.name, broke))
+        result[new.name] = new
+        changed = True
+    return ConnectResult(tuple(result.values()), changed=changed, refused=tuple(refused),
+                         replaced=tuple(replaced))
 
 
 def stale_secrets(target: Target, ctrl: Controller, sysfs: Sysfs) -> list[tuple[str, str]]:
@@ -214,62 +310,155 @@ def stale_secrets(target: Target, ctrl: Controller, sysfs: Sysfs) -> list[tuple[
             if secret is not None and sysfs.controller_secret(ctrl.name, attr) != secret]
 
 
-def _replace_controller(target: Target, old: Controller, sysfs: Sysfs, *, cli: NvmeCli,
-                        wait: float, sleep: Callable[[float], None]) -> Controller:
-    """A new controller for ``target`` with its (new) secrets, live with a path to every
-    namespace ``old`` has, then ``old`` disconnected: the namespaces' multipath heads, and
-    what is mounted on them, stay. Raises (with ``old`` untouched, and any controller made
-    here disconnected again) where that cannot be done safely."""
-    what = (f"both DH-HMAC-CHAP secrets of {old.name} ({target.subsysnqn}) changed at once")
-    unsafe = ("giving a live controller one new secret and one old can hang its "
-              "re-authentication on 6.12")
-    heads = sysfs.subsystem_namespaces(target.subsysnqn)
-    mine = {nsid for nsid, head in heads.items()
-            if any(p.controller == old.name for p in head.paths)}
-    if any(heads[nsid].subsystem is None for nsid in mine):
-        raise KvagentError(
-            f"{what}; this host has no native NVMe multipath, so a second controller "
-            f"cannot take over its namespaces: {old.name} keeps the old secrets",
-            f"rotate one secret at a time ({unsafe}), or set nvme_core.multipath=Y")
+def replacement_reason(target: Target, ctrl: Controller, sysfs: Sysfs) -> Reason | None:
+    """Why ``ctrl`` must be replaced by a new controller for ``target`` (None: it need not
+    be): its TLS state is not the target's, or both of its DH-HMAC-CHAP secrets are stale."""
+    if target.tls_differs(ctrl):
+        return TLS_ADDED if target.options.tls else TLS_REMOVED
+    if len(stale_secrets(target, ctrl, sysfs)) > 1:
+        return BOTH_SECRETS
+    return None
+
+
+def replace_controller(target: Target, old: Controller, reason: Reason, sysfs: Sysfs, *,
+                       cli: NvmeCli, bound: float = REPLACE_BOUND,
+                       sleep: Callable[[float], None] = time.sleep,
+                       clock: Callable[[], float] = time.monotonic
+                       ) -> tuple[Controller, bool]:
+    """A controller for ``target`` as it wants it (its TLS state, its secrets), live with a
+    path to every namespace ``old`` has, then ``old`` disconnected: the namespaces'
+    multipath heads, and what is mounted on them, stay (make before break). Returns the
+    new controller, and whether ``old`` had to go first (:func:`_break_then_make`).
+
+    One bounded step of at most ``bound`` seconds in all (:data:`REPLACE_BOUND`), which
+    SIGTERM ends at once: the new controller's ``/dev/nvme-fabrics`` write is a command
+    (killed on stop or past its time), the path wait polls the stop flag. A new controller
+    that an earlier, interrupted replacement left (or that the kernel finished after it) is
+    used instead of adding another, so the next pass finishes what a stop cut short.
+    Raises (with ``old`` untouched where it was live, and a new controller that did not get
+    its paths disconnected again) where the replacement cannot be done safely."""
+    what = f"{old.name} ({target.subsysnqn}): {reason.what}"
+    deadline = clock() + bound
+    with progress.step(f"replacing controller {old.name} ({reason.kind})", bound):
+        heads = sysfs.subsystem_namespaces(target.subsysnqn)
+        mine = {nsid for nsid, head in heads.items()
+                if any(p.controller == old.name for p in head.paths)}
+        multipath = not any(heads[nsid].subsystem is None for nsid in mine)
+        name = _wanted_controller(target, old, sysfs)
+        if name is None and multipath:
+            try:
+                name = _add_controller(target, cli=cli,
+                                       timeout=deadline - clock() - REPLACE_DISCONNECT)
+            except _NotAdded as exc:
+                if exc.errno_name != "EINVAL" or _is_live(old, sysfs):
+                    raise KvagentError(f"{what}; a new controller could not connect, so "
+                                       f"{old.name} stays as it is: {exc.message}",
+                                       exc.hint) from None
+        broke = name is None
+        if broke:
+            if _is_live(old, sysfs):
+                raise KvagentError(
+                    f"{what}; this host has no native NVMe multipath, so a second "
+                    f"controller cannot take over its namespaces: {old.name} stays as it is",
+                    reason.no_multipath_hint)
+            name = _break_then_make(target, old, what, cli=cli,
+                                    timeout=deadline - clock() - REPLACE_DISCONNECT)
+        wait = max(0.0, deadline - clock() - REPLACE_DISCONNECT)
+        new = _live_with_paths(target, sysfs, name, mine, wait, sleep, clock)
+        if new is None:
+            cli.disconnect(device=name, timeout=REPLACE_DISCONNECT)
+            left = (f"{old.name} was disconnected before it (it was not live)" if broke
+                    else f"{old.name} stays as it is")
+            raise KvagentError(
+                f"{what}; its new controller ({name}) was not live with a path to each of "
+                f"its namespaces within {bound:g}s of the replacement's start, so it was "
+                f"disconnected again and {left}", "the next pass tries again; see dmesg")
+        if not broke:
+            cli.disconnect(device=old.name, timeout=REPLACE_DISCONNECT)
+    log.info("controller replaced: a new controller connected as wanted, the old one "
+             "disconnected", old=old.name, new=new.name, subsysnqn=target.subsysnqn,
+             reason=reason.what, order="break before make" if broke else
+             "make before break (multipath moved the I/O over)")
+    return new, broke
+
+
+class _NotAdded(KvagentError):
+    """A new controller could not connect; ``errno_name``: the kernel's errno."""
+
+    def __init__(self, exc: ConnectError):
+        super().__init__(exc.message, exc.hint)
+        self.errno_name = exc.errno_name
+
+
+def _is_live(ctrl: Controller, sysfs: Sysfs) -> bool:
+    """Whether ``ctrl`` is live now (read again)."""
+    current = sysfs.controller(ctrl.name)
+    return current is not None and current.state == "live"
+
+
+def _wanted_controller(target: Target, old: Controller, sysfs: Sysfs) -> str | None:
+    """A usable controller for ``target`` other than ``old`` that is as the target wants
+    it (TLS state and secrets): one an interrupted replacement left behind."""
+    for ctrl in find_controllers(target, sysfs):
+        if ctrl.name != old.name and ctrl.tls is target.options.tls \
+                and not stale_secrets(target, ctrl, sysfs):
+            log.info("a controller an earlier replacement made is there: using it",
+                     old=old.name, new=ctrl.name, subsysnqn=target.subsysnqn)
+            return ctrl.name
+    return None
+
+
+def _add_controller(target: Target, *, cli: NvmeCli, timeout: float) -> str:
+    """A further controller for ``target`` with its options (TLS, secrets) through
+    ``/dev/nvme-fabrics``, its write limited to ``timeout`` seconds (at most
+    :data:`REPLACE_CONNECT`); :class:`_NotAdded` when it does not connect."""
     addr = target.address
     try:
-        name = cli.add_controller(addr.transport, addr.traddr or "", addr.trsvcid or "",
+        return cli.add_controller(addr.transport, addr.traddr or "", addr.trsvcid or "",
                                   target.subsysnqn, hostnqn=target.hostnqn,
                                   hostid=target.hostid, host_iface=addr.host_iface,
-                                  host_traddr=addr.host_traddr, options=target.options)
+                                  host_traddr=addr.host_traddr, options=target.options,
+                                  timeout=max(1.0, min(REPLACE_CONNECT, timeout)))
     except ConnectError as exc:
-        raise KvagentError(f"{what}; a controller with the new secrets could not connect, "
-                           f"so {old.name} keeps the old ones: {exc.message}",
-                           exc.hint) from None
-    new = _live_with_paths(target, sysfs, name, mine, wait, sleep)
-    if new is None:
-        if name:
-            cli.disconnect(device=name)
-        raise KvagentError(
-            f"{what}; the controller connected with the new secrets ({name}) was not live "
-            f"with a path to each of its namespaces within {wait:g}s, so it was "
-            f"disconnected again and {old.name} keeps the old secrets",
-            "the next pass tries again; see dmesg")
-    cli.disconnect(device=old.name)
-    log.info("both DH-HMAC-CHAP secrets changed: a new controller connected with them and "
-             "the old one disconnected (multipath moved the I/O over)", old=old.name,
-             new=new.name, subsysnqn=target.subsysnqn)
-    return new
+        raise _NotAdded(exc) from None
 
 
-def _live_with_paths(target: Target, sysfs: Sysfs, name: str | None, nsids: set[int],
-                     wait: float, sleep: Callable[[float], None]) -> Controller | None:
+def _break_then_make(target: Target, old: Controller, what: str, *, cli: NvmeCli,
+                     timeout: float) -> str:
+    """Disconnect ``old``, then connect the new controller: for an ``old`` that is not live
+    and cannot have a second controller next to it. Either the kernel refused the second
+    one (EINVAL: the storage host gave it ``old``'s controller id, which it only does once
+    ``old``'s session there is gone for good: its port was re-created for TLS, or refuses
+    ``old``'s secrets), or the host has no native multipath. Nothing flows through ``old``
+    meanwhile; what was queued on it fails, and a filesystem that shuts down for it is
+    mounted again by the pass (as after an outage)."""
+    log.warning("controller not live, and no second controller can join it: disconnecting "
+                "it first", controller=old.name, subsysnqn=target.subsysnqn)
+    cli.disconnect(device=old.name, timeout=REPLACE_DISCONNECT)
+    try:
+        return _add_controller(target, cli=cli, timeout=timeout)
+    except _NotAdded as exc:
+        raise KvagentError(f"{what}; {old.name} was not live and was disconnected, and "
+                           f"the new controller could not connect: {exc.message}",
+                           exc.hint or "the next pass connects again") from None
+
+
+def _live_with_paths(target: Target, sysfs: Sysfs, name: str, nsids: set[int],
+                     wait: float, sleep: Callable[[float], None],
+                     clock: Callable[[], float]) -> Controller | None:
     """Controller ``name`` of ``target`` once it is live with a path to each of ``nsids``;
-    None if it is not within ``wait`` seconds."""
-    deadline = time.monotonic() + wait
+    None if it is not within ``wait`` seconds. Looks at the stop flag every round
+    (:class:`~agent.progress.Stopping` once SIGTERM came)."""
+    deadline = clock() + wait
     while True:
+        progress.checkpoint()
         ctrl = next((c for c in find_controllers(target, sysfs) if c.name == name), None)
         if ctrl is not None and ctrl.state == "live":
             heads = sysfs.subsystem_namespaces(target.subsysnqn)
             if all(any(p.controller == name for p in heads[n].paths)
                    for n in nsids if n in heads) and nsids <= heads.keys():
                 return ctrl
-        if time.monotonic() >= deadline:
+        if clock() >= deadline:
             return None
         sleep(0.1)
 

@@ -26,7 +26,7 @@ import errno
 import json
 import os
 import re
-import threading
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -686,34 +686,27 @@ class NoKernelLog:
 # -------------------------------------------------------------- the wrapper
 
 FABRICS_DEV = "/dev/nvme-fabrics"
+#: The program :func:`fabrics_write_command` runs (standard library only).
+FABRICS_WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fabrics_writer.py")
 
 
-def write_fabrics_device(options: str, timeout: float) -> str:
+def fabrics_write_command(run: Runner, options: str, timeout: float) -> str:
     """Write connect options to ``/dev/nvme-fabrics`` and read its answer
-    (``instance=N,cntlid=M``). The write blocks until the kernel has connected or failed
-    (an ``OSError`` with its errno); past ``timeout`` seconds ``TimeoutError`` is raised
-    while the kernel's connect goes on in a thread until the kernel gives up."""
-    box: dict[str, Any] = {}
-
-    def transact() -> None:
-        try:
-            fd = os.open(FABRICS_DEV, os.O_RDWR)
-            try:
-                os.write(fd, options.encode())
-                box["answer"] = os.read(fd, 4096).decode(errors="replace")
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            box["error"] = exc
-
-    worker = threading.Thread(target=transact, name="nvme-fabrics", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        raise TimeoutError(f"{FABRICS_DEV} did not answer within {timeout:g}s")
-    if "error" in box:
-        raise box["error"]
-    return str(box.get("answer", ""))
+    (``instance=N,cntlid=M``), in a command run by ``run``: the write blocks until the
+    kernel has connected or failed, so it gets what every command gets, a time limit and
+    SIGTERM (the runner kills it and raises :class:`~agent.progress.Stopping`; a write
+    stuck in the kernel is left behind, never waited for). ``TimeoutError`` past
+    ``timeout`` seconds, ``OSError`` with the kernel's errno when it refuses."""
+    argv = [sys.executable, "-I", "-S", FABRICS_WRITER, FABRICS_DEV]
+    try:
+        result = run(argv, timeout=timeout, check=False, input=options)
+    except CommandTimeout:
+        raise TimeoutError(f"{FABRICS_DEV} did not answer within {timeout:g}s") from None
+    if result.returncode == 0:
+        return result.stdout
+    m = re.search(r"errno (\d+)", result.stderr)
+    code = int(m.group(1)) if m else errno.EIO
+    raise OSError(code, os.strerror(code))
 
 
 class NvmeCli:
@@ -723,8 +716,10 @@ class NvmeCli:
                  connect_timeout: float = CONNECT_TIMEOUT, list_timeout: float = LIST_TIMEOUT,
                  fabrics_write: Callable[[str, float], str] | None = None):
         self.run = runner or default_runner()
-        #: writes options to /dev/nvme-fabrics and returns its answer (a seam for tests)
-        self.fabrics_write = fabrics_write or write_fabrics_device
+        #: writes options to /dev/nvme-fabrics and returns its answer, within a time
+        #: limit (a seam for tests; by default a command: :func:`fabrics_write_command`)
+        self.fabrics_write = fabrics_write or (
+            lambda options, timeout: fabrics_write_command(self.run, options, timeout))
         self.kernel_log = kernel_log if kernel_log is not None else KernelLog()
         self.connect_timeout = connect_timeout
         self.list_timeout = list_timeout
@@ -811,9 +806,11 @@ class NvmeCli:
     def add_controller(self, transport: str, traddr: str, trsvcid: str | int, subsysnqn: str,
                        *, hostnqn: str, hostid: str | None = None,
                        host_iface: str | None = None, host_traddr: str | None = None,
-                       options: FabricsOptions | None = None) -> str:
+                       options: FabricsOptions | None = None,
+                       timeout: float | None = None) -> str:
         """A further controller to a subsystem and port this host is connected to, through
         the kernel's ``/dev/nvme-fabrics`` with ``duplicate_connect``; returns its name.
+        The write may take ``timeout`` seconds (at most the connect timeout).
 
         Not ``nvme connect --duplicate-connect``: nvme-cli 2.3 refuses it, and 2.13 (libnvme
         1.13) was seen giving the new controller the connected one's controller secret
@@ -830,14 +827,16 @@ class NvmeCli:
                   f"nqn={subsysnqn}", f"hostnqn={hostnqn}",
                   *([f"hostid={hostid}"] if hostid else []),
                   *opts.kernel_options(host_iface, host_traddr), "duplicate_connect"]
+        limit = self.connect_timeout if timeout is None else min(timeout,
+                                                                 self.connect_timeout)
         mark = self.kernel_log.mark()
         argv = ("write", FABRICS_DEV)
         try:
-            answer = self.fabrics_write(",".join(tokens), self.connect_timeout)
+            answer = self.fabrics_write(",".join(tokens), limit)
         except TimeoutError:
             self.kernel_log.since(mark)
             raise TransientConnectError(
-                f"{FABRICS_DEV} connect timed out after {self.connect_timeout:g}s",
+                f"{FABRICS_DEV} connect timed out after {limit:g}s",
                 "the target did not answer; a controller secret that differs from the "
                 "storage host's makes the kernel wait instead of failing") from None
         except OSError as exc:
@@ -852,8 +851,10 @@ class NvmeCli:
                                "see dmesg")
         return f"nvme{m.group(1)}"
 
-    def disconnect(self, *, device: str | None = None, nqn: str | None = None) -> int | None:
-        """Disconnect one controller (``device``: ``nvme3``) or every one of ``nqn``.
+    def disconnect(self, *, device: str | None = None, nqn: str | None = None,
+                   timeout: float | None = None) -> int | None:
+        """Disconnect one controller (``device``: ``nvme3``) or every one of ``nqn``,
+        within ``timeout`` seconds (default: the list timeout).
 
         nvme-cli 2.3 exits 0 even when it could not disconnect; its stderr is
         checked instead. A device that is already gone counts as done.
@@ -862,7 +863,8 @@ class NvmeCli:
             raise ValueError("give exactly one of device or nqn")
         argv = [NVME, "disconnect"] + (["--device", os.path.basename(device)] if device
                                        else ["--nqn", nqn or ""])
-        result = self.run(argv, timeout=self.list_timeout, check=False)
+        result = self.run(argv, timeout=self.list_timeout if timeout is None else timeout,
+                          check=False)
         text = f"{result.stderr}\n{result.stdout}"
         low = text.lower()
         if device and ("did not find device" in low or "no such file or directory" in low):

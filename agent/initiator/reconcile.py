@@ -54,6 +54,7 @@ from .connect import (
     disconnect_controllers,
     find_controllers,
     pool_entries,
+    replacement_reason,
     stale_secrets,
 )
 from .devices import NamespaceDevice, wait_for_namespaces
@@ -428,8 +429,9 @@ class InitiatorPass:
             record.subsystems.append(a)
             self._checkpoint()
             try:
-                res = (self._planned_secrets(pool.name, target) if self.dry_run else
-                       connect(target, cli=self.cli, sysfs=self.sysfs, sleep=self.seams.sleep))
+                res = (self._planned_refresh(pool.name, target) if self.dry_run else
+                       connect(target, cli=self.cli, sysfs=self.sysfs, sleep=self.seams.sleep,
+                               clock=self.seams.clock))
             except ConnectError as exc:
                 # Nothing connected on this path; another path to the same subsystem (target
                 # address) may still work.
@@ -439,6 +441,8 @@ class InitiatorPass:
             connected.setdefault(a.subsysnqn, []).extend(res.controllers)
             for refusal in res.refused:
                 self.result.error("initiator", pool.name, refusal.message, refusal.hint)
+            for r in res.replaced:
+                self._act(pool.name, r.reason.kind, r.old, r.describe())
             if res.changed:
                 self._act(pool.name, "nvme.connect", a.subsysnqn, a.address.describe())
             self._keep_timeouts(pool, res.controllers, timeouts)
@@ -451,16 +455,18 @@ class InitiatorPass:
             self._iopolicy(pool, pool.iopolicy, list(connected))
         return connected
 
-    def _planned_secrets(self, pool: str, target: Target) -> ConnectResult:
-        """Planning: the target's controllers, each new DH-HMAC-CHAP secret an action."""
+    def _planned_refresh(self, pool: str, target: Target) -> ConnectResult:
+        """Planning: the target's controllers; each one to replace (TLS state, both
+        DH-HMAC-CHAP secrets) and each new secret an action."""
         existing = find_controllers(target, self.sysfs)
         for ctrl in existing:
-            stale = stale_secrets(target, ctrl, self.sysfs)
-            if stale:
-                self._act(pool, "nvme.auth", ctrl.name,
-                          "new DH-HMAC-CHAP secret: re-authenticate" if len(stale) == 1
-                          else "both DH-HMAC-CHAP secrets new: a new controller with them, "
+            reason = replacement_reason(target, ctrl, self.sysfs)
+            if reason is not None:
+                self._act(pool, reason.kind, ctrl.name, f"{reason.what}: {reason.brings}, "
                           "then this one disconnected")
+            elif stale_secrets(target, ctrl, self.sysfs):
+                self._act(pool, "nvme.auth", ctrl.name,
+                          "new DH-HMAC-CHAP secret: re-authenticate")
         return ConnectResult(tuple(existing), changed=False)
 
     def _find(self, pool: InitiatorPool, connected: dict[str, list[Controller]],

@@ -20,6 +20,13 @@ tests/unit/initiator/fixtures/sysfs-6.1/):
   sectors), ``queue/logical_block_size``; its ``device`` links to the subsystem.
 - ``/sys/block/nvme<S>c<C>n<N>``: the hidden per-path node, with
   ``ana_state``/``ana_grpid``; its ``device`` links to the controller.
+
+A TCP controller's TLS state (kernels with ``CONFIG_NVME_TCP_TLS``): its ``tls_key``
+attribute reads the serial of the PSK its TLS session negotiated (``%08x``), or nothing
+between a connection's loss and the next handshake. From 6.12 on (Debian 13's kernel) the
+attribute is there only for a controller connected with ``tls``; from 6.7 to 6.11 every
+TCP controller has it (empty without TLS); without TLS support it is never there
+(:func:`tls_state`).
 """
 
 from __future__ import annotations
@@ -48,6 +55,29 @@ _PATH_RE = re.compile(r"^nvme(\d+)c(\d+)n(\d+)$")
 _SUBSYS_RE = re.compile(r"^nvme-subsys(\d+)$")
 T = TypeVar("T")
 SECTOR = 512
+#: The first kernel whose ``tls_key`` attribute is there only for a controller connected
+#: with TLS (drivers/nvme/host/sysfs.c, "split off TLS sysfs attributes", 6.12).
+TLS_KEY_ONLY_WITH_TLS = (6, 12)
+
+
+def kernel_version(release: str) -> tuple[int, int]:
+    """``(major, minor)`` of a kernel release text (``6.12.117+deb13-amd64``); ``(0, 0)``
+    for a text that does not start with them."""
+    m = re.match(r"(\d+)\.(\d+)", release)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def tls_state(transport: str, tls_key: str | None, exact: bool) -> bool | None:
+    """Whether a controller was connected with TLS, from its ``tls_key`` attribute (None:
+    not there). True: a PSK was negotiated (any kernel), or the attribute is there on a
+    kernel that shows it only for TLS controllers (``exact``: 6.12 and later). False: not
+    TCP, or no attribute. None: there but empty on 6.7-6.11, where every TCP controller
+    has it: a TLS controller between handshakes and a plaintext one look the same."""
+    if transport.strip().lower() != "tcp" or tls_key is None:
+        return False
+    if tls_key not in ("", "none"):
+        return True
+    return True if exact else None
 
 
 def read_attr(path: Path | str) -> str | None:
@@ -122,6 +152,8 @@ class Controller:
     kato: str | None = None
     queue_count: int | None = None
     sqsize: int | None = None
+    #: connected with NVMe/TCP TLS (:func:`tls_state`; None: sysfs cannot tell)
+    tls: bool | None = False
 
     @property
     def is_fabrics(self) -> bool:
@@ -190,8 +222,12 @@ class NamespaceHead:
 class Sysfs:
     """Reads NVMe controllers, subsystems and namespaces under a sysfs root."""
 
-    def __init__(self, root: Path | str = "/sys"):
+    def __init__(self, root: Path | str = "/sys", *, kernel: str | None = None):
+        """``kernel``: the running kernel's release (default: ``uname -r``); it says how
+        to read a controller's ``tls_key`` (:func:`tls_state`)."""
         self.root = Path(root)
+        release = os.uname().release if kernel is None else kernel
+        self.tls_key_exact = kernel_version(release) >= TLS_KEY_ONLY_WITH_TLS
         #: controller name -> the subsystem NQN it showed when last looked at: which
         #: controllers :meth:`controllers` reads for a subsystem (each is then read live).
         self._owners: dict[str, str | None] = {}
@@ -221,6 +257,7 @@ class Sysfs:
             reconnect_delay=read_attr(f"{d}/reconnect_delay"),
             fast_io_fail_tmo=read_attr(f"{d}/fast_io_fail_tmo"), kato=read_attr(f"{d}/kato"),
             queue_count=_read_int(f"{d}/queue_count"), sqsize=_read_int(f"{d}/sqsize"),
+            tls=tls_state(transport, read_attr(f"{d}/tls_key"), self.tls_key_exact),
         )
 
     def controllers(self, subsysnqn: str | None = None, *,
@@ -262,7 +299,7 @@ class Sysfs:
         """Give a controller new secrets (``(attribute, secret)`` in order); each write
         makes the kernel re-authenticate a live controller. The files are all opened
         before any is written, so that nothing is written if one cannot be opened.
-        (:func:`agent.initiator.connect.refresh_secrets` never gives a live controller
+        (:func:`agent.initiator.connect.refresh_controllers` never gives a live controller
         both: see there.)"""
         fds = []
         try:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,7 +119,9 @@ class FakeHost:
         r.on_call(["vgchange"], self._vgchange)
         r.on_call(["lvs"], self._lvs)
         self.runner = r
-        self.cli = NvmeCli(r, kernel_log=NoKernelLog())
+        #: options written to /dev/nvme-fabrics (a replacement controller), as dicts
+        self.fabrics_writes: list[dict[str, str]] = []
+        self.cli = NvmeCli(r, kernel_log=NoKernelLog(), fabrics_write=self._fabrics_write)
         r.on_call(["xfs_growfs"], self._growfs)
         self.sleeps: list[float] = []
         self.now = 0.0
@@ -232,7 +235,9 @@ node:
                                 reconnect_delay=delay, fast_io_fail_tmo="off",
                                 dhchap_secret=self.opt(argv, "--dhchap-secret") or "none",
                                 dhchap_ctrl_secret=self.opt(argv, "--dhchap-ctrl-secret")
-                                or "none")
+                                or "none",
+                                # 6.12: only a controller connected with TLS has tls_key
+                                tls_key="0d1e2f3a" if "--tls" in argv else None)
         first = next((c for c in self.sysfs.controllers()
                       if c.subsysnqn == nqn and c.name != f"nvme{inst}"), None)
         if first is not None:  # a second path: the kernel adds it to the same subsystem
@@ -242,6 +247,36 @@ node:
         for nsid in export.nsids:
             self._add_head(inst, nqn, nsid, export.size)
         return self.ok(argv, json.dumps({"device": f"nvme{inst}"}))
+
+    def _fabrics_write(self, options: str, _timeout: float) -> str:
+        """/dev/nvme-fabrics with duplicate_connect: a further controller to a subsystem
+        this host has, with a path to each of its namespaces (native multipath)."""
+        opts = dict(t.split("=", 1) if "=" in t else (t, "") for t in options.split(","))
+        self.fabrics_writes.append(opts)
+        nqn = opts["nqn"]
+        inst = self.next_ctrl
+        self.next_ctrl += 1
+        self.sys.add_controller(inst, subsysnqn=nqn, hostnqn=opts.get("hostnqn"),
+                                hostid=opts.get("hostid"), transport="tcp",
+                                address=f"traddr={opts['traddr']},trsvcid=4420,"
+                                        "src_addr=10.0.0.9",
+                                ctrl_loss_tmo="off", reconnect_delay=10,
+                                fast_io_fail_tmo="off",
+                                dhchap_secret=opts.get("dhchap_secret", "none"),
+                                dhchap_ctrl_secret=opts.get("dhchap_ctrl_secret", "none"),
+                                tls_key="0d1e2f3b" if "tls" in opts else None)
+        sub = self._subsys_inst(nqn)
+        sd = self.root / "sys/class/nvme-subsystem" / f"nvme-subsys{sub}"
+        ctrls = sorted(int(e.name[4:]) for e in sd.iterdir() if re.match(r"nvme\d+$", e.name))
+        self.sys.add_subsystem(sub, nqn, controllers=(*ctrls, inst))
+        for nsid in self._export(nqn).nsids:
+            head = self.root / "sys/block" / f"nvme{sub}n{nsid}"
+            paths = sorted({int(e.name.split("c")[1].split("n")[0]) for e in
+                            (self.root / "sys/block").glob(f"nvme{sub}c*n{nsid}")} | {inst})
+            size = int((head / "size").read_text())
+            self.sys.add_namespace(sub, nsid, namespace_uuid(nqn, nsid), size=size,
+                                   paths=tuple((c, "optimized") for c in paths))
+        return f"instance={inst},cntlid=1\n"
 
     def _add_head(self, inst: int, nqn: str, nsid: int, size: int) -> None:
         head = self.sys.add_namespace(inst, nsid, namespace_uuid(nqn, nsid),
@@ -281,11 +316,28 @@ node:
     def _disconnect(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
         name = self.opt(argv, "--device")
         if name and (self.root / "sys/class/nvme" / name).exists():
-            for head in (self.root / "sys/block").glob(f"nvme{name[4:]}n*"):
-                head.unlink()
-            self.sys.remove_controller(int(name[4:]))
+            inst = int(name[4:])
+            block = self.root / "sys/block"
+            if self._other_controllers(name):
+                # Another controller serves the subsystem: the heads stay (multipath),
+                # only this controller's paths go.
+                for node in block.glob(f"nvme*c{inst}n*"):
+                    node.unlink()
+            else:
+                for head in block.glob(f"nvme{inst}n*"):
+                    head.unlink()
+            self.sys.remove_controller(inst)
             return self.ok(argv)
         return self.ok(argv, err=f"Did not find device {name}\n")
+
+    def _other_controllers(self, name: str) -> list[str]:
+        """Controllers other than ``name`` linked in ``name``'s subsystem directory."""
+        for sd in (self.root / "sys/class/nvme-subsystem").iterdir():
+            linked = [e.name for e in sd.iterdir() if re.match(r"nvme\d+$", e.name)]
+            if name in linked:
+                return [c for c in linked if c != name
+                        and (self.root / "sys/class/nvme" / c).exists()]
+        return []
 
     def set_state(self, ctrl: str, state: str) -> None:
         self.sys.set(f"class/nvme/{ctrl}/state", state)

@@ -148,7 +148,8 @@ def test_both_new_secrets_are_refused_where_no_second_controller_can_take_over(
     writes = _recording(sysfs)
     result = connect(auth_target(K3, K1), cli=kernel.cli, sysfs=sysfs, sleep=lambda s: None)
     [refusal] = result.refused
-    assert "could not connect, so nvme2 keeps the old ones" in refusal.message
+    assert "both DH-HMAC-CHAP secrets changed at once" in refusal.message
+    assert "could not connect, so nvme2 stays as it is" in refusal.message
     assert "must hold the secret" in (refusal.hint or "")
     assert writes == [] and kernel.runner.ran("nvme", "disconnect") == []
     assert [c.name for c in result.controllers] == ["nvme2"] and not result.changed
@@ -158,7 +159,7 @@ def test_both_new_secrets_are_refused_where_no_second_controller_can_take_over(
     fake, kernel, sysfs = _two_secret_host(tmp_path / "nopath")
     kernel.cli.fabrics_write = kernel.fabrics_write  # no path added
     result = connect(auth_target(K3, K1), cli=kernel.cli, sysfs=sysfs, sleep=lambda s: None,
-                     path_wait=0.05)
+                     replace_bound=0.05)
     [refusal] = result.refused
     assert "was not live with a path" in refusal.message
     assert kernel.runner.ran("nvme", "disconnect") == [

@@ -108,7 +108,11 @@ class FakeKernel:
         self.fake.add_controller(inst, subsysnqn=opts["nqn"], hostnqn=opts.get("hostnqn"),
                                  hostid=opts.get("hostid"), transport=opts["transport"],
                                  address=f"traddr={opts['traddr']},trsvcid={opts['trsvcid']},"
-                                         "src_addr=10.9.9.9")
+                                         "src_addr=10.9.9.9",
+                                 # 6.12: tls_key only on a controller connected with TLS
+                                 tls_key="0d1e2f3b" if "tls" in opts else None,
+                                 dhchap_secret=opts.get("dhchap_secret"),
+                                 dhchap_ctrl_secret=opts.get("dhchap_ctrl_secret"))
         return f"instance={inst},cntlid=1\n"
 
     def disconnect(self, argv: tuple[str, ...], _input: str | None) -> CommandResult:

@@ -273,3 +273,25 @@ def test_secrets_are_written_back_to_back_after_every_file_is_open(
     with pytest.raises(FileNotFoundError):
         s.set_controller_secrets("nvme2", [("dhchap_secret", "X"), ("missing", "Y")])
     assert not [c for c in calls if c.startswith("write")]
+
+
+def test_the_tls_state_as_sysfs_shows_it_on_each_kernel(tmp_path: Path) -> None:
+    """6.12 shows tls_key only for a controller connected with TLS (empty between
+    handshakes); 6.7-6.11 for every TCP controller (empty without TLS: cannot tell);
+    a kernel without TLS support never (issue 24, item 6)."""
+    from agent.initiator.sysfs import kernel_version, tls_state
+    assert kernel_version("6.12.117+deb13-amd64") == (6, 12) and kernel_version("x") == (0, 0)
+    assert tls_state("tcp", "0d1e2f3a", exact=False) is True
+    assert tls_state("tcp", None, exact=True) is False
+    assert tls_state("tcp", "", exact=True) is True
+    assert tls_state("tcp", "", exact=False) is None
+    assert tls_state("rdma", "0d1e2f3a", exact=True) is False
+    fake = FakeSysfs(tmp_path)
+    fake.add_controller(2, subsysnqn=NQN, tls_key="0d1e2f3a")
+    fake.add_controller(3, subsysnqn=NQN)
+    fake.add_controller(4, subsysnqn=NQN, tls_key="")
+    on_612 = {c.name: c.tls for c in Sysfs(tmp_path, kernel="6.12.117+deb13-amd64")
+              .controllers()}
+    on_68 = {c.name: c.tls for c in Sysfs(tmp_path, kernel="6.8.0-49-generic").controllers()}
+    assert on_612 == {"nvme2": True, "nvme3": False, "nvme4": True}
+    assert on_68 == {"nvme2": True, "nvme3": False, "nvme4": None}

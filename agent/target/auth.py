@@ -74,7 +74,8 @@ def plan_host_auth(pools: list[TargetPool], live: Tree,
                     f"subsystem(s) {', '.join(foreign)} of someone else allow it; writing "
                     "kvagent's DH-HMAC-CHAP secrets would change theirs",
                     "give this GPU host its own host NQN, or take the entry over by hand "
-                    "(remove it from those subsystems' allowed_hosts) and apply again"))
+                    "(remove it from those subsystems' allowed_hosts, then remove the entry "
+                    "or put its secrets in the pool's key files) and apply again"))
                 continue
             if host.auth is None:
                 if live_keys:

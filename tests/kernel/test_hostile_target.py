@@ -405,9 +405,10 @@ target:
     kit.sh("nvme", "disconnect", "-n", ADMIN_SUBSYS)
     kit.wait_for(lambda: not kit.controllers_for(ADMIN_SUBSYS), 30, what="disconnect")
 
-    # The way out the hint gives: the admin's subsystem lets the host go; then kvagent
-    # gives the entry its own secret.
+    # The way out the hint gives: the admin's subsystem lets the host go and the admin
+    # removes the entry (its secrets are theirs); then kvagent makes its own.
     (sub / "allowed_hosts" / ADMIN_HOST).unlink()
+    host.rmdir()
     taken = lab.apply()
     assert_ok(taken)
     assert kit.read(host / "dhchap_key") == kv_secret

@@ -149,9 +149,9 @@ def test_spread_places_each_namespace_on_its_own_drive_and_reads_faster(lab: Lab
     cfg = load_config(lab.config)
     lap = kit.Laps()
 
-    # Killed after the volume group (two pvcreate, vgcreate) and two LVs of pool four: the
-    # rest follows the same rule.
-    killed = child_pass(cfg, "kill-after=command#5")
+    # Killed after the volume group (a pvcreate per drive, four; vgcreate) and two LVs of
+    # pool four: the rest follows the same rule.
+    killed = child_pass(cfg, "kill-after=command#7")
     assert killed.killed
     made = lv_devices("kvfour")
     assert sorted(made) == ["kv_four_lab_1", "kv_four_lab_2"], made

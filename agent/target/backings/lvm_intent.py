@@ -38,6 +38,7 @@ from ... import failpoints
 from ...config.types import BlankDevice, Name, VolumeGroupName
 from ...errors import KvagentError
 from ...records import SCHEMA
+from ...state import trust_problem
 
 #: The directory of the intent records, below ``node.state_dir``.
 INTENT_DIR = "lvm-intents"
@@ -105,13 +106,14 @@ def _file_name(volume_group: str) -> str:
 
 
 def _check_private(fd: int, display: Path, what: str) -> os.stat_result:
-    """Refuse ``fd`` unless it is kvagent's user's and no group or other user can write it."""
+    """Refuse ``fd`` unless it may hold kvagent's records (:func:`agent.state.trust_problem`,
+    the rule every record is read under)."""
     st = os.fstat(fd)
-    me = os.geteuid()
-    if st.st_uid != me or st.st_mode & 0o022:
+    problem = trust_problem(st)
+    if problem:
+        me = os.geteuid()
         raise IntentError(
-            f"{display} ({what}) is owned by uid {st.st_uid} with mode "
-            f"{oct(stat.S_IMODE(st.st_mode))}: another user could write kvagent's intent "
+            f"{display} ({what}) {problem}: another user could write kvagent's intent "
             "records there, so kvagent does not read them",
             f"make it uid {me}'s and not group- or world-writable (chown {me} {display}; "
             f"chmod go-w {display}), or remove it")

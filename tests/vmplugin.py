@@ -6,7 +6,11 @@ session reaches the first kernel test of a group, it boots one VM
 with this same plugin, which writes a JSON report. The host then reports
 each test with its guest outcome and output, so a kernel test passes or fails
 on the host exactly as it did in the guest; a VM that cannot boot fails them
-all. A skip inside the guest is a failure: this tier never silently skips.
+all. A skip inside the guest is a failure: this tier never silently skips, and a
+test whose guest report lacks a phase (the guest session was cut short) fails too.
+
+``KVAGENT_TIER_SUMMARY=PATH`` makes the host session write which groups it booted
+and which kernel/vmhost tests -m/-k left out (read by ``tests/tiersummary.py``).
 
 ``KVAGENT_REAL_HOST=1`` (opt-in, root) runs kernel tests directly on this
 machine instead (the real-host tier).
@@ -176,11 +180,18 @@ class KernelTier:
         future = self.futures.pop(group, None)
         if future is not None:
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-            for line in future.result():  # report in the main thread, group by group
+            try:
+                lines = future.result()
+            except Exception as exc:  # becomes every test's failure
+                lines = []
+                self.failures[group] = f"running kernel group {group!r} raised {exc!r}"
+            for line in lines:  # report in the main thread, group by group
                 if reporter:
                     reporter.write_line(line)
         if group in self.failures:
             return None, self.failures[group]
+        if group not in self.results:
+            return None, f"kernel group {group!r} has no guest report"
         return self.results[group].get(item.nodeid), None
 
     def _start_all(self) -> None:
@@ -291,6 +302,36 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 _TIER = pytest.StashKey[KernelTier]()
+_LEFT_OUT = pytest.StashKey[list[pytest.Item]]()
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("kernel") or item.get_closest_marker("vmhost"):
+            item.config.stash.setdefault(_LEFT_OUT, []).append(item)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    path = os.environ.get("KVAGENT_TIER_SUMMARY")
+    if path and not IN_GUEST:
+        tier = session.config.stash.get(_TIER, None)
+        booted = tier.groups if tier is not None and tier.pool is not None else {}
+        Path(path).write_text(json.dumps(tier_summary(
+            booted, session.items, session.config.stash.get(_LEFT_OUT, []))))
+
+
+def tier_summary(booted: dict[str, list[pytest.Item]], selected: list[pytest.Item],
+                 left_out: list[pytest.Item]) -> dict[str, Any]:
+    """The groups booted (tests in each), the vmhost tests selected, and each
+    kernel/vmhost test deselected (its group, None for vmhost; second_kernel or not)."""
+    return {
+        "booted": {group: len(items) for group, items in booted.items()},
+        "vmhost": sum(1 for i in selected if i.get_closest_marker("vmhost")),
+        "left_out": [{"nodeid": i.nodeid,
+                      "group": group_of(i) if i.get_closest_marker("kernel") else None,
+                      "second_kernel": i.get_closest_marker("second_kernel") is not None}
+                     for i in left_out],
+    }
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -315,7 +356,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     return True
 
 
+PHASES = ("setup", "call", "teardown")
+
+
 def _phases(result: dict[str, Any] | None, failure: str | None):
+    """The phases to report for one test: its guest phases, a guest skip as a failure,
+    and a failure for the first phase missing from the guest's report (none is expected
+    after a setup that did not pass)."""
     if failure is not None:
         yield "setup", "failed", failure, [], 0.0
         return
@@ -323,11 +370,19 @@ def _phases(result: dict[str, Any] | None, failure: str | None):
         yield "setup", "failed", "the guest session did not report this test (it crashed, " \
             "timed out or was not collected in the guest)", [], 0.0
         return
-    for when in ("setup", "call", "teardown"):
+    for when in PHASES:
         phase = result.get(when)
         if phase is None:
-            continue
+            if when != "setup" and result["setup"]["outcome"] != "passed":
+                continue
+            missing = " or ".join(w for w in PHASES if w not in result)
+            yield when, "failed", (
+                f"the guest's report has no {missing} result for this test: the guest "
+                "session was likely cut short (interrupted, crashed or timed out in it)"
+            ), [], 0.0
+            return
         outcome, text = phase["outcome"], phase["text"]
         if outcome == "skipped":
             outcome, text = "failed", f"kernel tests must not skip; the guest said: {text}"
-        yield when, outcome, text, [tuple(s) for s in phase["sections"]], phase["duration"]
+        yield (when, outcome, text, [tuple(s) for s in phase.get("sections", [])],
+               phase.get("duration", 0.0))

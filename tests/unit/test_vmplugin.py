@@ -1,11 +1,16 @@
-"""The kernel tier's plugin boots VMs only for kernel tests that are selected."""
+"""The kernel tier's plugin boots VMs only for kernel tests that are selected, fails
+every kernel test the guest did not report in full (the harness cannot lose a test), and
+says which groups it left out."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -166,3 +171,232 @@ def test_group_vms_get_one_vcpu_unless_told(tmp_path: Path,
     tier._run_group("g", plugin.SLOTS.request(1.0))
     (argv,) = booted
     assert argv[1].endswith("scripts/vm") and argv[argv.index("--cpus") + 1] == "1"
+
+
+# ------------------------------------------- the guest's report, replayed on the host
+
+FAKE_VM = '''
+import os
+import subprocess
+import tempfile
+
+import tests.vmplugin as plugin
+
+_mkdtemp = tempfile.mkdtemp
+
+
+def fake_run(argv, **kwargs):  # scripts/vm: writes the guest report it is given, exits
+    if "REPORT" in os.environ:
+        with open(argv[argv.index("--kv-guest-report") + 1], "w") as f:
+            f.write(os.environ["REPORT"])
+    return subprocess.CompletedProcess(argv, int(os.environ["VM_EXIT"]), "vm: gone", None)
+
+
+plugin.warm_bytecode = lambda nodeids: None
+plugin.subprocess.run = fake_run
+plugin.tempfile.mkdtemp = lambda prefix: _mkdtemp(prefix=prefix, dir=".")
+'''
+
+GUEST = '''
+import pytest
+
+
+@pytest.mark.kernel(group="g")
+def test_a():
+    pass
+
+
+@pytest.mark.kernel(group="g")
+def test_b():
+    pass
+'''
+
+A, B = "test_sample.py::test_a", "test_sample.py::test_b"
+
+
+def phase(outcome: str = "passed", text: str = "") -> dict[str, Any]:
+    return {"outcome": outcome, "text": text, "duration": 0.5, "sections": []}
+
+
+PASSED = {when: phase() for when in ("setup", "call", "teardown")}
+
+
+def replay(tmp_path: Path, report: dict[str, Any] | str | None,
+           vm_exit: int = 0) -> tuple[int, dict[str, str]]:
+    """The sample's kernel tests on the host, their group's scripts/vm faked (it leaves
+    ``report`` as the guest's report and exits with ``vm_exit``): the host pytest's exit
+    code and each test's JUnit result ("" when it passed, else each failure's/error's
+    tag, message and text)."""
+    (tmp_path / "conftest.py").write_text(FAKE_VM)
+    (tmp_path / "test_sample.py").write_text(GUEST)
+    junit = tmp_path / "junit.xml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVAGENT_")}
+    env.update(PYTHONPATH=str(REPO), VM_EXIT=str(vm_exit))
+    if report is not None:
+        env["REPORT"] = report if isinstance(report, str) else json.dumps(report)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.vmplugin", "-p",
+                           "no:cacheprovider", "-q", "-rA", "-o", "markers=kernel",
+                           f"--junitxml={junit}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert junit.exists(), proc.stdout + proc.stderr
+    results = {case.get("name", ""): " ".join(
+        f"{child.tag}: {child.get('message')} {child.text}" for child in case
+        if child.tag in ("failure", "error", "skipped"))
+        for case in ET.parse(junit).getroot().iter("testcase")}
+    return proc.returncode, results
+
+
+def test_a_full_guest_report_passes_on_the_host(tmp_path: Path) -> None:
+    """Not vacuous: what the guest reported in full replays as it was."""
+    assert replay(tmp_path, {A: PASSED, B: PASSED}) == (0, {"test_a": "", "test_b": ""})
+
+
+def test_a_guest_skip_fails_on_the_host(tmp_path: Path) -> None:
+    rc, results = replay(tmp_path, {A: {**PASSED, "call": phase("skipped", "no nvme-tcp")},
+                                    B: PASSED})
+    assert rc == 1 and results["test_b"] == ""
+    assert results["test_a"].startswith("failure:")
+    assert "kernel tests must not skip; the guest said: no nvme-tcp" in results["test_a"]
+
+
+@pytest.mark.parametrize("phases, kind, missing", [
+    (["setup"], "failure", "no call or teardown result"),
+    (["setup", "teardown"], "failure", "no call result"),
+    (["setup", "call"], "error", "no teardown result"),
+    (["call", "teardown"], "error", "no setup result"),
+])
+def test_a_guest_test_with_a_phase_missing_fails_on_the_host(
+        tmp_path: Path, phases: list[str], kind: str, missing: str) -> None:
+    """The guest session was cut short in the test (setup passed, then nothing), or ended
+    before its teardown: the host fails the test and says what was missing."""
+    rc, results = replay(tmp_path, {A: {when: PASSED[when] for when in phases}, B: PASSED})
+    assert rc == 1 and results["test_b"] == ""
+    assert results["test_a"].startswith(f"{kind}:")
+    assert f"the guest's report has {missing} for this test" in results["test_a"]
+    assert "the guest session was likely cut short" in results["test_a"]
+
+
+def test_a_failed_guest_setup_is_reported_as_it_was(tmp_path: Path) -> None:
+    """No call is expected after a setup that failed: its failure is the test's only one."""
+    rc, results = replay(tmp_path, {A: {"setup": phase("failed", "fixture broke"),
+                                        "teardown": phase()}, B: PASSED})
+    assert rc == 1 and results["test_b"] == ""
+    assert results["test_a"].startswith("error:") and "fixture broke" in results["test_a"]
+    assert "cut short" not in results["test_a"]
+
+
+def test_a_test_missing_from_the_guest_report_fails_on_the_host(tmp_path: Path) -> None:
+    rc, results = replay(tmp_path, {B: PASSED})
+    assert rc == 1 and results["test_b"] == ""
+    assert "the guest session did not report this test" in results["test_a"]
+
+
+@pytest.mark.parametrize("vm_exit", [0, 125])
+def test_a_group_without_a_report_fails_every_test_naming_the_vms_exit(
+        tmp_path: Path, vm_exit: int) -> None:
+    """The VM died (or its guest wrote nothing): every test of the group fails, and the
+    failure names scripts/vm's exit."""
+    rc, results = replay(tmp_path, None, vm_exit=vm_exit)
+    assert rc == 1
+    for name in ("test_a", "test_b"):
+        assert results[name].startswith("error:")
+        assert (f"the VM for kernel group 'g' produced no report (scripts/vm exit {vm_exit})"
+                in results[name])
+
+
+def test_a_truncated_guest_report_fails_every_test(tmp_path: Path) -> None:
+    """A report cut off mid-write fails the group's tests; the host session goes on."""
+    rc, results = replay(tmp_path, json.dumps({A: PASSED, B: PASSED})[:40])
+    assert rc == 1
+    for name in ("test_a", "test_b"):
+        assert results[name].startswith("error:")
+        assert "running kernel group 'g' raised JSONDecodeError" in results[name]
+
+
+# ------------------------------------------------ what the kernel tier left out
+
+LEFT_OUT = '''
+import pytest
+
+
+@pytest.mark.kernel(group="main")
+def test_main_one():
+    pass
+
+
+@pytest.mark.kernel(group="main")
+def test_main_two():
+    pass
+
+
+@pytest.mark.kernel(group="tls-612")
+@pytest.mark.second_kernel
+def test_tls():
+    pass
+
+
+@pytest.mark.kernel(group="hostile-612")
+@pytest.mark.second_kernel
+def test_hostile():
+    pass
+
+
+@pytest.mark.vmhost
+def test_power_cut():
+    pass
+
+
+def test_unit():
+    pass
+'''
+
+
+def summary_of(tmp_path: Path, *args: str) -> dict[str, Any]:
+    summary = tmp_path / "summary.json"
+    summary.unlink(missing_ok=True)
+    boots(tmp_path, "-o", "markers=vmhost", *args, tests=LEFT_OUT,
+          KVAGENT_TIER_SUMMARY=str(summary))
+    return json.loads(summary.read_text())
+
+
+def tiersummary(*argv: str) -> str:
+    """The helper as scripts/test runs it."""
+    return subprocess.run([sys.executable, "-m", "tests.tiersummary", *argv], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_the_summary_names_the_booted_groups_and_the_left_out_tests(tmp_path: Path) -> None:
+    summary = summary_of(tmp_path, "-m", "(kernel or vmhost) and not second_kernel",
+                         "-k", "not main_two")
+    assert summary["booted"] == {"main": 1} and summary["vmhost"] == 1
+    assert sorted(summary["left_out"], key=lambda t: t["nodeid"]) == [
+        {"nodeid": "test_sample.py::test_hostile", "group": "hostile-612",
+         "second_kernel": True},
+        {"nodeid": "test_sample.py::test_main_two", "group": "main", "second_kernel": False},
+        {"nodeid": "test_sample.py::test_tls", "group": "tls-612", "second_kernel": True},
+    ]
+    path = str(tmp_path / "summary.json")
+    assert tiersummary(path, "--second-kernel-off", "--", "-k", "not main_two") == (
+        "left out: groups 'hostile-612', 'tls-612' (KVAGENT_SECOND_KERNEL=0), "
+        "1 of 2 tests of group 'main' (arguments: -k 'not main_two')")
+
+
+def test_the_summary_says_none_when_nothing_was_left_out(tmp_path: Path) -> None:
+    summary = summary_of(tmp_path, "-m", "kernel or vmhost")
+    assert summary == {"booted": {"main": 2, "tls-612": 1, "hostile-612": 1}, "vmhost": 1,
+                       "left_out": []}
+    assert tiersummary(str(tmp_path / "summary.json")) == "left out: none"
+
+
+def test_the_left_out_line_names_vmhost_tests_and_a_missing_summary(tmp_path: Path) -> None:
+    summary = summary_of(tmp_path, "-m", "kernel and not second_kernel")
+    assert summary["vmhost"] == 0
+    path = str(tmp_path / "summary.json")
+    assert tiersummary(path, "--second-kernel-off", "--", "-x") == (
+        "left out: groups 'hostile-612', 'tls-612' (KVAGENT_SECOND_KERNEL=0), "
+        "1 of 1 host-side vmhost tests (arguments: -x)")
+    assert tiersummary(path) == (
+        "left out: groups 'hostile-612', 'tls-612', 1 of 1 host-side vmhost tests (-m/-k)")
+    assert tiersummary(str(tmp_path / "none.json")) == (
+        "left out: unknown (the kernel tier wrote no summary)")

@@ -1,0 +1,79 @@
+"""The "left out: ..." part of scripts/test's last line, from the kernel tier's summary
+(written by tests/vmplugin.py under ``KVAGENT_TIER_SUMMARY``).
+
+``python -m tests.tiersummary SUMMARY [--second-kernel-off] [-- PYTEST_ARGS...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SECOND_KERNEL_OFF = "KVAGENT_SECOND_KERNEL=0"
+
+
+def read(path: str) -> dict[str, Any] | None:
+    """The summary, or None where the kernel tier wrote none (or half of one)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def left_out(summary: dict[str, Any] | None, second_kernel_off: bool,
+             args: Sequence[str]) -> str:
+    """Which kernel groups (whole, or some of their tests) and vmhost tests were left out,
+    and why: ``KVAGENT_SECOND_KERNEL=0`` for the second_kernel tests it deselected, else
+    the pytest arguments (or -m/-k)."""
+    if summary is None:
+        return "left out: unknown (the kernel tier wrote no summary)"
+    by_reason: dict[str, Counter[str | None]] = {}
+    for test in summary["left_out"]:
+        if second_kernel_off and test["second_kernel"]:
+            reason = SECOND_KERNEL_OFF
+        else:
+            reason = f"arguments: {shlex.join(args)}" if args else "-m/-k"
+        by_reason.setdefault(reason, Counter())[test["group"]] += 1
+    if not by_reason:
+        return "left out: none"
+    left_total = Counter(t["group"] for t in summary["left_out"])
+    return "left out: " + ", ".join(
+        f"{_parts(counts, summary, left_total)} ({reason})"
+        for reason, counts in sorted(by_reason.items(),
+                                     key=lambda rc: (rc[0] != SECOND_KERNEL_OFF, rc[0])))
+
+
+def _parts(counts: Counter[str | None], summary: dict[str, Any],
+           left_total: Counter[str | None]) -> str:
+    whole = [g for g in sorted(c for c in counts if c is not None)
+             if g not in summary["booted"] and counts[g] == left_total[g]]
+    parts = [("groups " if len(whole) > 1 else "group ") + ", ".join(map(repr, whole))
+             ] if whole else []
+    for group in sorted(g for g in counts if g is not None and g not in whole):
+        total = summary["booted"].get(group, 0) + left_total[group]
+        parts.append(f"{counts[group]} of {total} tests of group {group!r}")
+    if None in counts:
+        total = summary["vmhost"] + left_total[None]
+        parts.append(f"{counts[None]} of {total} host-side vmhost tests")
+    return ", ".join(parts)
+
+
+def main(argv: Sequence[str]) -> None:
+    """``SUMMARY [--second-kernel-off] [-- PYTEST_ARGS...]``: prints the left-out part."""
+    own, args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
+        else (argv, [])
+    parser = argparse.ArgumentParser(prog="python -m tests.tiersummary")
+    parser.add_argument("summary")
+    parser.add_argument("--second-kernel-off", action="store_true")
+    ns = parser.parse_args(own)
+    print(left_out(read(ns.summary), ns.second_kernel_off, args))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -6,8 +6,14 @@ apply of the storage side, a cold attach of the GPU side, and a full teardown (d
 and unexport) — the pass runs in a child process that is SIGKILLed right after its
 k-th side effect, for every k; then a plain apply must exit 0, the apply after it must
 change nothing (not one configfs write, command or record but the last-apply report),
-data written to the mounts before the teardown must read back unchanged, and foreign
-objects (an nvmet subsystem and port, an LV, an ext4 filesystem) stay untouched.
+the whole state (:func:`tests.kernel.crash_state.state_of`: nvmet tree, LVs, pool files,
+fabrics controllers and their settings, I/O policies, mounts by identity, engine
+configs, project quotas, owner/mode of what is under the mount root, data digests) must
+be the one the clean, never killed pass left, data written to the mounts before the
+teardown must read back unchanged, and foreign objects (an nvmet subsystem and port, an
+LV, an ext4 filesystem) stay untouched. Each killed pass must have taken exactly the
+first k steps of the full pass, and each matrix must be at least as big, and take every
+kind of step, as its config implies (``*_minimum``).
 """
 
 from __future__ import annotations
@@ -15,14 +21,18 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.config import Config, load_config
+from agent.config.model import InitiatorPool, TargetPool
 
 from . import kit
 from .crash import Outcome, child_pass, ci_log
+from .crash_state import diff, lines, normalize_step, state_of, summary
 from .pools import DRIVES, MIB, Lab, mount_tmpfs, umount_all_under, write_file
 
 #: Three cases, three VMs (they run in parallel with the rest of the kernel tier), all
@@ -229,15 +239,169 @@ def first_configfs_step(steps: tuple[str, ...]) -> int:
     return next(i for i, s in enumerate(steps) if s.startswith("configfs."))
 
 
+def kind_of(step: str) -> str:
+    return step.split("\t", 1)[0]
+
+
+def normalized(steps: tuple[str, ...] | list[str]) -> list[str]:
+    """Steps as two runs of one pass must both take them (kernel names, random ids out)."""
+    return [normalize_step(s) for s in steps]
+
+
+def assert_prefix(name: str, k: int, killed: tuple[str, ...], expected: tuple[str, ...]) -> None:
+    """The killed pass took exactly the first steps of the full pass: else the matrix would
+    kill at positions it does not name (and leave others untested), silently."""
+    if normalized(killed) != normalized(expected):
+        raise AssertionError(
+            f"{name} k={k}: the killed pass's steps are not the first {len(expected)} of the "
+            f"full pass's:\n  killed pass: " + "\n    ".join(killed) +
+            "\n  full pass:   " + "\n    ".join(expected))
+
+
+# ----------------------------------------------------------- the matrix's size
+@dataclass(frozen=True)
+class Minimum:
+    """What a pass of a case must at least take: a step count and the step kinds."""
+
+    steps: int
+    kinds: frozenset[str]
+
+
+def target_shape(pool: TargetPool) -> tuple[int, int]:
+    """(subsystems, namespaces) a target pool exports: one subsystem per host it names
+    (the device pool: per host of its devices) or a shared one; ``count`` namespaces in
+    each (the device pool: one per device)."""
+    if pool.backing.kind == "device":
+        return len({d.host for d in pool.backing.devices}) or 1, len(pool.backing.devices)
+    subsystems = 1 if pool.allow_any_host or not pool.hosts else len(pool.hosts)
+    return subsystems, subsystems * (pool.namespaces.count if pool.namespaces else 0)
+
+
+def storage_minimum(cfg: Config) -> Minimum:
+    """A cold apply of the storage side, at least (each a step of its own):
+
+    - per port: its mkdir and the 4 address writes (trtype, adrfam, traddr, trsvcid);
+    - per host NQN: its mkdir;
+    - per subsystem: its mkdir, model and serial writes (set once, at creation), one link
+      per allowed host (none with allow_any_host) and one per port;
+    - per namespace: its mkdir, device_path, device_uuid, device_nguid and enable
+      writes, plus buffered_io for a file pool that asks for it;
+    - lvm: a pvcreate per device, a vgcreate (when it is to make the group) and an
+      lvcreate per namespace; file: each namespace's file allocated and renamed into
+      place; device: a claim record per device;
+    - the last-apply report.
+    """
+    assert cfg.target is not None
+    n = 5 * len(cfg.target.ports)
+    n += len({h.nqn for p in cfg.target.pools for h in p.hosts})
+    kinds = {"configfs.mkdir", "configfs.write", "configfs.symlink", "record"}
+    for pool in cfg.target.pools:
+        subsystems, namespaces = target_shape(pool)
+        allowed = 0 if pool.allow_any_host else max(1, len(pool.hosts))
+        n += subsystems * (3 + len(pool.ports) + allowed)
+        n += namespaces * 5
+        backing = pool.backing
+        if backing.kind == "lvm":
+            n += len(backing.devices) + (1 if backing.devices else 0) + namespaces
+            kinds.add("command")
+        elif backing.kind == "file":
+            n += namespaces * (2 + (1 if backing.buffered_io else 0))
+            kinds |= {"file.allocate", "file.rename"}
+        else:
+            n += len(backing.devices)
+    return Minimum(n + 1, frozenset(kinds))
+
+
+def mounts_of(cfg: Config, pool: InitiatorPool) -> int:
+    """Filesystems an initiator pool makes: one per namespace of the target pool of its
+    name ('per-namespace'), one striped over them all, none for a shared (raw) pool."""
+    if pool.shared:
+        return 0
+    if pool.layout == "striped":
+        return 1
+    target = next((p for p in (cfg.target.pools if cfg.target else ()) if p.name == pool.name),
+                  None)
+    return target_shape(target)[1] if target else 1
+
+
+def quotas_on(pool: InitiatorPool) -> bool:
+    """kvagent adds prjquota unless the options turn quotas off."""
+    return "noquota" not in pool.mount_options
+
+
+def gpu_minimum(cfg: Config) -> Minimum:
+    """A cold attach of the GPU side (the storage side already exported), at least:
+
+    - per pool: an nvme connect (a command; one per pool at least);
+    - per filesystem: its mkfs.xfs and its mount (commands);
+    - per striped pool: a vgcreate and an lvcreate over its namespaces;
+    - per engine on each filesystem with project quotas: its directory put in its
+      project, the quota record of that, and its hard limit;
+    - the initiator's record and the last-apply report.
+    """
+    assert cfg.initiator is not None
+    n, kinds = 2, {"command", "record"}
+    for pool in cfg.initiator.pools:
+        mounts = mounts_of(cfg, pool)
+        n += 1 + 2 * mounts + (2 if pool.layout == "striped" and not pool.shared else 0)
+        if pool.engines and mounts and quotas_on(pool):
+            n += 3 * mounts * len(pool.engines)
+            kinds |= {"quota.project", "quota.limit"}
+    return Minimum(n, frozenset(kinds))
+
+
+def teardown_minimum(attached: Config) -> Minimum:
+    """A teardown of everything ``attached`` made, at least:
+
+    - per mount: its umount (a command); per striped pool: its volume group deactivated;
+      per pool: an nvme disconnect (one at least);
+    - per namespace: enable 0 and its rmdir; per subsystem: its links to allowed hosts
+      and ports removed and its rmdir; per host NQN and per port: its rmdir;
+    - the records that say so (at least one) and the last-apply report.
+    (Removing the storage is not counted: how is kvagent's choice.)
+    """
+    n, kinds = 2, {"record"}
+    for pool in attached.initiator.pools if attached.initiator else ():
+        n += 1 + mounts_of(attached, pool) + (1 if pool.layout == "striped" else 0)
+        kinds.add("command")
+    if attached.target:
+        n += len(attached.target.ports)
+        n += len({h.nqn for p in attached.target.pools for h in p.hosts})
+        kinds |= {"configfs.rmdir", "configfs.unlink"}
+        for pool in attached.target.pools:
+            subsystems, namespaces = target_shape(pool)
+            allowed = 0 if pool.allow_any_host else max(1, len(pool.hosts))
+            n += subsystems * (1 + len(pool.ports) + allowed) + 2 * namespaces
+            if namespaces:
+                kinds.add("configfs.write")
+    return Minimum(n, frozenset(kinds))
+
+
+# ----------------------------------------------------------------- the matrix
+def read_state(lab: Lab) -> dict[str, Any]:
+    return state_of(state_dir=lab.state, files_dir=lab.root / "files",
+                    mount_root=lab.root / "mnt")
+
+
 def run_case(name: str, lab: Lab, cfg: Config, reset, check, foreign: Foreign,  # type: ignore[no-untyped-def]
-             snapshot_after_storage: bool = False) -> int:
-    """Kill after step k for every k of ``cfg``'s pass from the state ``reset`` makes."""
+             minimum: Minimum, snapshot_after_storage: bool = False) -> int:
+    """Kill after step k for every k of ``cfg``'s pass from the state ``reset`` makes.
+
+    After each kill, recovery and converged pass, the whole state (:func:`read_state`)
+    must be the one the clean pass (never killed) left, and ``check`` must pass.
+    """
     reset()
     full = child_pass(cfg)
     assert full.exit_code == 0, f"{name}: the pass itself failed"
     steps = full.steps
     n = len(steps)
-    ci_log(f"crash matrix {name}: {n} steps")
+    t0 = time.monotonic()
+    clean = read_state(lab)
+    kinds = sorted({kind_of(s) for s in steps})
+    ci_log(f"crash matrix {name}: {n} steps; the clean run's state read in "
+           f"{time.monotonic() - t0:.1f}s ({len(lines(clean))} lines: {summary(clean)})")
+    ci_log(f"crash matrix size: {name} {n} kills (minimum {minimum.steps}, kinds "
+           f"{' '.join(kinds)})")
     snapshot: Snapshot | None = None
     # The storage steps end with the record of intent written just before configfs.
     first = first_configfs_step(steps) - 1 if snapshot_after_storage else n
@@ -246,10 +410,11 @@ def run_case(name: str, lab: Lab, cfg: Config, reset, check, foreign: Foreign,  
         assert child_pass(cfg, f"kill-after={first}").killed
         snapshot = Snapshot(lab, first)
         rest = child_pass(cfg)
-        assert rest.steps == steps[first:], (
+        assert normalized(rest.steps) == normalized(steps[first:]), (
             f"{name}: from the snapshot the pass takes other steps than the cold pass:\n"
             f"{rest.steps}\n{steps[first:]}")
     started = time.monotonic()
+    unlike: list[tuple[int, str]] = []
     for k in range(1, n + 1):
         t0 = time.monotonic()
         spec = f"kill-after={k}"
@@ -261,6 +426,9 @@ def run_case(name: str, lab: Lab, cfg: Config, reset, check, foreign: Foreign,  
         t1 = time.monotonic()
         killed = child_pass(cfg, spec)
         assert killed.killed, f"{name} k={k}: the pass ended before step {k}"
+        # From the snapshot: the first k - first of its pass's steps, which are the
+        # full pass's steps first..k (checked above).
+        assert_prefix(name, k, killed.steps, steps[first:k] if k > first else steps[:k])
         t2 = time.monotonic()
         recovered = child_pass(cfg)
         assert recovered.exit_code == 0, f"{name} k={k} ({steps[k - 1]}): recovery failed"
@@ -269,13 +437,33 @@ def run_case(name: str, lab: Lab, cfg: Config, reset, check, foreign: Foreign,  
         assert again.exit_code == 0 and side_effects(again) == [], (
             f"{name} k={k} ({steps[k - 1]}): not converged: {side_effects(again)}")
         t4 = time.monotonic()
+        # A state unlike the clean run's is collected, not fatal at once: the matrix goes
+        # on (the next kill starts from a reset), so one run shows every position.
+        differs = diff(clean, read_state(lab))
+        if differs:
+            unlike.append((k, f"k={k} (after {steps[k - 1]}):\n{differs}"))
         check()
         foreign.check()
         ci_log(f"crash matrix {name} k={k}/{n} after {steps[k - 1]}: killed; recovered with "
-               f"{len(side_effects(recovered))} step(s); then converged "
+               f"{len(side_effects(recovered))} step(s); then converged"
+               f"{'; STATE DIFFERS from the clean run' if differs else ''} "
                f"[reset {t1 - t0:.1f}s killed {t2 - t1:.1f}s recovery {t3 - t2:.1f}s "
                f"again {t4 - t3:.1f}s checks {time.monotonic() - t4:.1f}s]")
-    ci_log(f"crash matrix {name}: {n} kills in {time.monotonic() - started:.0f}s")
+    ci_log(f"crash matrix {name}: {n} kills in {time.monotonic() - started:.0f}s; the state "
+           f"differs from the clean run's after "
+           f"{', '.join(f'k={k}' for k, _ in unlike) if unlike else 'none of them'}")
+    failures = []
+    if unlike:
+        failures.append(f"{name}: after {len(unlike)} of {n} kills the state (after recovery "
+                        "and a converged pass) is not the one a clean run left:\n"
+                        + "\n".join(text for _, text in unlike))
+    missing = minimum.kinds - set(kinds)
+    if n < minimum.steps or missing:
+        failures.append(
+            f"{name}: the matrix is too small for its config: {n} kills (the config implies "
+            f"at least {minimum.steps}); step kinds missing: {sorted(missing) or 'none'}\n"
+            + "\n".join(steps))
+    assert not failures, "\n\n".join(failures)
     return n
 
 
@@ -292,10 +480,9 @@ def foreign_objects(lab: Lab, nullb):  # type: ignore[no-untyped-def]
 @pytest.mark.kernel(group="crash-storage", weight=9)
 def test_kill_after_every_step_of_a_cold_apply_storage_side(lab: Lab, nullb) -> None:  # type: ignore[no-untyped-def]
     with foreign_objects(lab, nullb) as foreign:
-        n = run_case("storage cold apply", lab, config(lab, gpu=False),
-                     lambda: reset_storage(lab), lambda: None, foreign,
-                     snapshot_after_storage=True)
-        ci_log(f"crash matrix size: storage cold apply {n} kills")
+        cfg = config(lab, gpu=False)
+        run_case("storage cold apply", lab, cfg, lambda: reset_storage(lab), lambda: None,
+                 foreign, storage_minimum(cfg), snapshot_after_storage=True)
 
 
 @pytest.mark.kernel(group="crash-gpu", weight=15)
@@ -312,8 +499,8 @@ def test_kill_after_every_step_of_a_cold_attach_gpu_side(lab: Lab, nullb) -> Non
             for pool in ("lv/lab-ns1", "fl"):
                 assert os.path.ismount(lab.root / "mnt" / pool)
 
-        n = run_case("gpu cold attach", lab, config(lab), gpu_empty, mounted, foreign)
-        ci_log(f"crash matrix size: gpu cold attach {n} kills")
+        cfg = config(lab)
+        run_case("gpu cold attach", lab, cfg, gpu_empty, mounted, foreign, gpu_minimum(cfg))
 
 
 @pytest.mark.kernel(group="crash-teardown", weight=18)
@@ -338,9 +525,9 @@ def test_kill_after_every_step_of_a_teardown(lab: Lab, nullb) -> None:  # type: 
                 os.path.ismount(p) for p in (lab.root / "mnt").rglob("*"))
             assert not [s for s in (kit.NVMET / "subsystems").iterdir() if ours(s.name)]
 
-        n = run_case("teardown", lab, teardown, attached, nothing_left, foreign)
+        run_case("teardown", lab, teardown, attached, nothing_left, foreign,
+                 teardown_minimum(full))
         attached()  # the data survived every killed teardown
-        ci_log(f"crash matrix size: teardown {n} kills")
 
 
 @pytest.fixture

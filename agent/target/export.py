@@ -30,14 +30,15 @@ def serial_for(nqn: str) -> str:
 
 
 def export_pool(cfg: Config, pool: TargetPool, hosts: Iterable[str | None],
-                volumes: Iterable[Volume], live_nqns: frozenset[str],
+                volumes: Iterable[Volume], fixed_nqns: frozenset[str],
                 kept: Mapping[tuple[str | None, int], Namespace] | None = None) -> PoolExport:
     """The subsystems of ``pool`` for ``hosts`` (its layout), holding ``volumes``.
 
     Each namespace carries the identity recorded with its storage (``Volume.uuid``);
     ``kept`` are live namespaces to keep exactly as they are (a refused change). Model
-    and serial are set only when a subsystem is created (the kernel fixes them once a
-    host has identified the controller): ``live_nqns`` says which exist.
+    and serial are left alone on the subsystems in ``fixed_nqns``: the kernel fixes them
+    once a host has identified the controller, which a subsystem linked into a port may
+    have been. Any other (new, or left half-made by a killed pass) gets them.
     """
     by_host: dict[str | None, dict[int, Namespace]] = {}
     for v in volumes:
@@ -50,7 +51,7 @@ def export_pool(cfg: Config, pool: TargetPool, hosts: Iterable[str | None],
     for host in hosts:
         nqn = pool_nqn(cfg, pool.name, host)
         attrs = {"allow_any_host": pool.allow_any_host}
-        if nqn not in live_nqns:
+        if nqn not in fixed_nqns:
             attrs |= {"model": pool.model, "serial": serial_for(nqn)}
         allowed = ([h.nqn for h in pool.hosts] if host is None
                    else [h.nqn for h in pool.hosts if h.name == host])

@@ -457,7 +457,8 @@ class TargetPass:
         cfg, live, records = self.cfg, ctx.live, ctx.records
         subsystems: dict[str, Subsystem] = {}
         links: dict[int, set[str]] = {}
-        live_nqns = frozenset(live.subsystems)
+        # Model and serial may be fixed only on subsystems a host could have identified.
+        fixed_nqns = frozenset(n for port in live.ports.values() for n in port.subsystems)
         for pool in pools:
             if pool.name in failed:
                 # Degrade alone: keep exactly what is live for this pool.
@@ -472,7 +473,7 @@ class TargetPass:
             volumes = [v for v in plans[pool.name].volumes if v.key not in refused]
             keep = {k: ns for k, ns in refused.items() if ns is not None}
             hosts = driver_for(pool).layout(pool, records).keys()
-            export = export_pool(cfg, pool, hosts, volumes, live_nqns, keep)
+            export = export_pool(cfg, pool, hosts, volumes, fixed_nqns, keep)
             if pool.allow_any_host and export.subsystems:
                 log.warning("pool lets any host connect (allow_any_host)", pool=pool.name)
             for sub in export.subsystems:

@@ -201,3 +201,26 @@ def test_a_grow_killed_before_nvmet_heard_of_it_is_revalidated_later(
     assert {p for _, p in target.ops("write")} == {
         f"{sub}/namespaces/1/revalidate_size", f"{sub}/namespaces/2/revalidate_size"}
     assert target.run(bigger).configfs_writes == 0
+
+
+def test_a_subsystem_left_half_made_gets_its_model_and_serial(target: Target,
+                                                              tmp_path: Path) -> None:
+    """A pass killed right after creating a subsystem left the kernel's model and random
+    serial; nobody can have identified it (it is in no port), so the next pass sets
+    them. Once linked into a port they are left alone (the kernel may have fixed them)."""
+    from agent.target.export import serial_for
+
+    cfg = config(tmp_path, [file_pool(tmp_path, hosts=(("gpu-1", H1),))])
+    sub = f"subsystems/{nqn('gpu-1')}"
+    target.fs.mkdir(sub)
+    assert target.fs.read(f"{sub}/attr_model") == "Linux"
+    first = target.run(cfg)
+    assert first.ok, first.errors
+    assert target.fs.read(f"{sub}/attr_model") == "kvagent"
+    assert target.fs.read(f"{sub}/attr_serial").strip() == serial_for(nqn("gpu-1"))
+    # Linked now: a model written by someone else since is not fought over.
+    target.fs.start_session()
+    target.fs.write(f"{sub}/attr_model", "Other")
+    again = target.run(cfg)
+    assert again.ok and target.ops("write", f"{sub}/attr_") == []
+    assert target.fs.read(f"{sub}/attr_model") == "Other"

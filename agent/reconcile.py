@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from .config import Config
 from .errors import KvagentError
@@ -26,8 +27,8 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
     apply lock (:func:`agent.lock.apply_lock`; ``on_lock_wait`` is called while
     ``wait_for_lock`` waits for it).
     """
-    from .engines.handoff import forget, hand_off
-    from .initiator.reconcile import InitiatorPass
+    from .engines.handoff import forget, hand_off, leftover_pools
+    from .initiator.reconcile import InitiatorPass, load_state
     from .target.reconcile import TargetPass
 
     runner = runner or default_runner()
@@ -38,6 +39,9 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
         # must be unmounted while its target still answers.
         initiator = InitiatorPass(cfg, runner, result, dry_run=dry_run)
         for pool in initiator.detach_removed():
+            forget(cfg, pool, result, dry_run=dry_run)
+        # What a pass killed between recording a detach and forgetting the pool left.
+        for pool in leftover_pools(cfg, load_state(Path(cfg.node.state_dir))):
             forget(cfg, pool, result, dry_run=dry_run)
         try:
             TargetPass(cfg, runner, result, dry_run=dry_run, rebind=rebind).run()

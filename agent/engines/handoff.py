@@ -16,14 +16,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..config.model import Config, EngineConfig, InitiatorPool
+from ..config.types import Name
 from ..errors import KvagentError, UsageError
-from ..records import InitiatorRecords, engine_renders_dir, probes_path
+from ..records import ENGINES_DIR, PROBES_DIR, InitiatorRecords, engine_renders_dir, probes_path
 from ..result import ActionRecord, RunResult
 from ..state import read_json, write_json
 from ..system.gds import GdsReadiness, probe_gds
@@ -154,6 +155,37 @@ def forget(cfg: Config, pool: str, result: RunResult, *, dry_run: bool = False) 
         shutil.rmtree(renders)
         result.actions.append(ActionRecord("initiator", pool, "engine.unrender", str(renders),
                                            "", "done"))
+
+
+def leftover_pools(cfg: Config, attached: Iterable[str]) -> list[str]:
+    """Pools whose probes, rendered engine configs, quota or cleaner records are in the
+    state directory although neither the config nor the attachment records name them.
+
+    A pass killed after recording a pool's detach and before :func:`forget` leaves
+    them; the next pass no longer knows the pool and forgets these instead. Only
+    entries named like a pool count (a stray name is not kvagent's to remove).
+    """
+    state_dir = Path(cfg.node.state_dir)
+    keep = {p.name for p in cfg.initiator.pools} if cfg.initiator else set()
+    keep |= set(attached)
+    found: set[str] = set()
+    renders = state_dir / ENGINES_DIR
+    if renders.is_dir() and not renders.is_symlink():
+        found |= {e.name for e in os.scandir(renders) if e.is_dir(follow_symlinks=False)}
+    for sub in (PROBES_DIR, "quota", "cleaner"):
+        d = state_dir / sub
+        if d.is_dir() and not d.is_symlink():
+            found |= {e.name[:-len(".json")] for e in os.scandir(d)
+                      if e.name.endswith(".json")}
+    return sorted(n for n in found - keep if _is_name(n))
+
+
+def _is_name(text: str) -> bool:
+    try:
+        Name.parse(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _probes(cfg: Config, pool: str, mounts: list[str], transport: str | None,

@@ -49,3 +49,53 @@ def test_detach_runs_before_the_target_unexports(tmp_path: Path,
         result = reconcile.run_pass(cfg, dry_run=dry_run)
         assert calls == ["initiator.detach", "target", "initiator.attach"]
         assert result.dry_run is dry_run
+
+
+def test_a_pass_forgets_what_a_killed_detach_left_of_a_pool(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed right after recording a pool's detach, a pass left the pool's rendered
+    engine configs and records; the next pass no longer knows the pool and must still
+    remove them (the crash matrix's teardown found a vLLM config left behind). What is
+    configured, still recorded as attached, or not named like a pool stays."""
+    class Initiator:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def detach_removed(self) -> list[str]:
+            return []
+
+        def attach_configured(self) -> list:
+            return []
+
+    class Target:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr(target_reconcile, "TargetPass", Target)
+    state = tmp_path / "state"
+    for pool in ("gone", "kept", "Not_A_Pool"):
+        (state / "engines" / pool / "vllm").mkdir(parents=True)
+        (state / "engines" / pool / "vllm" / "vllm-kv-transfer-config.json").write_text("{}")
+        for sub in ("probes", "quota", "cleaner"):
+            (state / sub).mkdir(exist_ok=True)
+            (state / sub / f"{pool}.json").write_text("[]")
+    monkeypatch.setattr(initiator_reconcile, "InitiatorPass", Initiator)
+    monkeypatch.setattr(initiator_reconcile, "load_state", lambda _d: {"kept": object()})
+    cfg = parse_config(f"version: 1\nnode: {{name: n, state_dir: {state}, "
+                       f"run_dir: {tmp_path}/run}}\n", "test.yaml")
+    planned = reconcile.run_pass(cfg, dry_run=True)
+    assert (state / "engines/gone").exists(), "plan changes nothing"
+    assert planned.ok
+    result = reconcile.run_pass(cfg, dry_run=False)
+    assert result.ok, result.errors
+    assert not (state / "engines/gone").exists()
+    assert not [p for p in state.rglob("gone.json")]
+    for pool in ("kept", "Not_A_Pool"):
+        assert (state / "engines" / pool / "vllm").is_dir()
+        for sub in ("probes", "quota", "cleaner"):
+            assert (state / sub / f"{pool}.json").exists()
+    assert [a.subject for a in result.actions if a.kind == "engine.unrender"] == [
+        str(state / "engines/gone")]

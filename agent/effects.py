@@ -9,7 +9,8 @@ right after it and a pass that makes it every time does not look converged:
 ``file.write``     a file written whole (engine configs): atomic, via a temp file
 ``file.create``    a file created only if absent (identity files)
 ``secret.write``   a secret written 0600 (``kvagent keys generate``)
-``file.remove``    a file removed (pool files, stale renders, records of a forgotten pool)
+``file.remove``    a file removed (pool files, stale renders)
+``record.remove``  a record removed (a forgotten pool's, a destroyed pool's manifest)
 ``tree.remove``    a directory removed with all it holds (a pool's rendered configs)
 ``dir.make``       a directory made (engine dirs, mount points, pool directories)
 ``dir.owner``      a directory's owner changed

@@ -154,12 +154,13 @@ def remove_tree(path: StrPath) -> None:
 
 def mkdir(path: StrPath, mode: int = 0o777, *, dir_fd: int | None = None,
           exist_ok: bool = False, subject: str | None = None) -> bool:
-    """Make one directory (``mode`` less the umask); whether it was made (False: it was
-    there and ``exist_ok``; no step)."""
+    """Make one directory (``mode`` less the umask); whether it was made (False: a
+    directory was there and ``exist_ok``; no step). Something else there raises
+    FileExistsError, as ``Path.mkdir`` does."""
     try:
         os.mkdir(path, mode, dir_fd=dir_fd)
     except FileExistsError:
-        if exist_ok:
+        if exist_ok and (dir_fd is not None or os.path.isdir(path)):
             return False
         raise
     failpoints.step("dir.make", subject or os.fspath(path))
@@ -178,13 +179,8 @@ def make_dirs(path: StrPath, mode: int = 0o777, *, parents_mode: int = 0o777) ->
         if parent == current:
             break
         current = parent
-    made = []
-    for d in reversed(missing):
-        if mkdir(d, mode if d == missing[0] else parents_mode, exist_ok=True):
-            made.append(d)
-        elif not os.path.isdir(d):
-            raise FileExistsError(f"{d} exists and is not a directory")
-    return made
+    return [d for d in reversed(missing)
+            if mkdir(d, mode if d == missing[0] else parents_mode, exist_ok=True)]
 
 
 def chown(path: StrPath, uid: int, gid: int) -> None:

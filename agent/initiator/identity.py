@@ -96,7 +96,7 @@ def _read(path: Path) -> str | None:
 
 def _create(path: Path, value: str) -> bool:
     """Write ``value`` to ``path`` atomically if it does not exist; False if it appeared."""
-    effects.make_dirs(path.parent, 0o755, parents_mode=0o755)
+    effects.make_dirs(path.parent, 0o755)
     # a temp file linked into place: atomic, and fails if someone created it meanwhile
     return effects.create_file(path, value + "\n", FILE_MODE)
 

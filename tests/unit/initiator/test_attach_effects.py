@@ -17,8 +17,12 @@ import pytest
 
 from agent import failpoints
 from agent.dhchap import generate, read_secret, write_secret
+from tests.unit.engines.fakequota import FakeQuota
 
 from .attach_fakes import Export, FakeHost, fabrics_host
+from .test_attach_quota import GDS
+from .test_attach_quota import pool_yaml as quota_pool
+from .test_attach_quota import run as quota_run
 from .test_attach_reconcile import NQN, pool_yaml, run
 
 Steps = Callable[[], list[tuple[str, str]]]
@@ -119,4 +123,29 @@ def test_a_secret_rotation_is_one_sysfs_step_naming_the_file_not_the_secret(
     assert rotated == [("sysfs.write", str(attr))]
     assert attr.read_text().strip() == read_secret(key).text  # written, never logged
     assert run(host, pools).ok
+    assert steps() == []
+
+
+def test_every_engine_with_quotas_and_a_cleaner_converges_to_no_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, steps: Steps) -> None:
+    """All engines (Dynamo with GPUDirect Storage), hard caps on prjquota mounts and a
+    cleaner that is on: the cold pass's quota steps, then nothing."""
+    h = FakeHost(tmp_path, exports=[Export(NQN, [1, 2])])
+    monkeypatch.setattr(os.path, "ismount", lambda p: os.fspath(p) in h.mounts())
+    h.quota = FakeQuota()  # type: ignore[attr-defined]
+    h.gds = GDS  # type: ignore[attr-defined]
+    engines = ("kind: vllm, cpu_cache: 1GiB, capacity: 20%, "
+               "cleaner: {enabled: true, high: 50%, low: 25%}",
+               "kind: lmcache, capacity: 20%", "kind: sglang, capacity: 15%",
+               "kind: mooncake, capacity: 15%", "kind: dynamo, capacity: 15%")
+    pools = quota_pool(h, engines)
+    first = quota_run(h, pools)
+    assert first.ok, first.errors
+    cold = steps()
+    kinds = {k for k, _ in cold}
+    assert {"quota.project", "quota.limit", "dir.make", "file.write"} <= kinds, kinds
+    rendered = {Path(s).parent.name for k, s in cold if k == "file.write"}
+    assert rendered == {"vllm", "lmcache", "sglang", "mooncake", "dynamo"}, rendered
+    again = quota_run(h, pools)
+    assert again.ok and not again.changed, again.actions
     assert steps() == []

@@ -6,12 +6,14 @@ import ast
 import os
 import re
 import stat
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from agent import effects, failpoints
+from agent.initiator.nvmecli import FABRICS_DEV, FABRICS_WRITER
 
 REPO = Path(__file__).resolve().parents[2]
 Steps = Callable[[], list[tuple[str, str]]]
@@ -137,3 +139,10 @@ def test_every_step_kind_is_documented_in_failpoints() -> None:
             "sysfs.write", "dir.make", "dir.owner", "dir.mode", "dir.remove", "tree.remove",
             "file.create", "quota.limit"} <= kinds, kinds
     assert kinds <= documented, sorted(kinds - documented)
+
+
+def test_the_fabrics_write_is_a_command_step() -> None:
+    """/dev/nvme-fabrics is written by a child command run through the runner (never in
+    process): the runner counts it as a ``command`` step."""
+    assert failpoints.changes_something([sys.executable, "-I", "-S", FABRICS_WRITER,
+                                         FABRICS_DEV])

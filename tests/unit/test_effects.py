@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent import effects, failpoints
+from agent.initiator.identity import ensure_host_identity
 from agent.initiator.nvmecli import FABRICS_DEV, FABRICS_WRITER
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,3 +147,20 @@ def test_the_fabrics_write_is_a_command_step() -> None:
     process): the runner counts it as a ``command`` step."""
     assert failpoints.changes_something([sys.executable, "-I", "-S", FABRICS_WRITER,
                                          FABRICS_DEV])
+
+
+def test_the_host_identity_is_made_once(tmp_path: Path, steps: Steps) -> None:
+    nvme = tmp_path / "etc/nvme"
+    first = ensure_host_identity(nvme)
+    assert steps() == [("dir.make", str(tmp_path / "etc")), ("dir.make", str(nvme)),
+                       ("file.create", str(nvme / "hostid")),
+                       ("file.create", str(nvme / "hostnqn"))]
+    assert stat.S_IMODE(nvme.stat().st_mode) == 0o755 & ~_umask()
+    assert ensure_host_identity(nvme).hostnqn == first.hostnqn
+    assert steps() == []
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

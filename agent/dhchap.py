@@ -26,6 +26,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import effects
 from .errors import KvagentError
 
 #: Transform id -> (name, key length it needs; None: 32, 48 or 64).
@@ -175,25 +176,7 @@ def secret_file_problem(path: str) -> str | None:
 def write_secret(path: str, secret: Secret, *, replace: bool = False) -> None:
     """Write ``secret`` to ``path`` (mode 0600, fsynced, renamed into place); an existing
     file is kept unless ``replace`` (a rotation)."""
-    directory = os.path.dirname(os.path.abspath(path)) or "/"
     if not replace and os.path.lexists(path):
         raise KvagentError(f"{path} exists; kvagent keys generate never overwrites a "
                            "secret", "give --replace to rotate it, or another path")
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, (secret.text + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except OSError:
-        os.unlink(tmp)
-        raise
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    effects.write_file(path, secret.text + "\n", 0o600, kind="secret.write")

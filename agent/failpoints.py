@@ -12,8 +12,35 @@ power also refuses unless the switch is on *and* the machine is a virtual one.
 
 Enabled, every side effect kvagent makes through its seams is a *step*: each configfs
 change (:func:`wrap_configfs`), each command that changes something (the runner), each
-record written (``agent.state.write_json``) and each pool file made or renamed. A
-*point* is a named place in the code (``command.lvcreate``, ``target.plan``, ...).
+record written (``agent.state.write_json``) and every other write of a pass, made
+through :mod:`agent.effects`. A *point* is a named place in the code
+(``command.lvcreate``, ``target.plan``, ...). The kinds of step (the subject is a path,
+an argv's first words or a configfs path; never a secret):
+
+``configfs.write``, ``configfs.mkdir``, ``configfs.rmdir``, ``configfs.symlink``,
+``configfs.unlink``   a configfs change (:func:`wrap_configfs`)
+``command``           a command that changes something (:func:`changes_something`), the
+                      write to ``/dev/nvme-fabrics`` among them (a child command:
+                      ``agent/initiator/fabrics_writer.py``)
+``record``            a record written (``agent.state.write_json``, LVM intents)
+``record.remove``     a record removed (a detached pool's probes, quota and cleaner
+                      records; a destroyed pool's manifest; the schema-1 claims file)
+``file.allocate``, ``file.rename``  a pool file preallocated, renamed into place
+``quota.project``, ``quota.limit``  an engine directory's xfs project, its hard limit
+``engine.clean``      a cleaner run (the cache files it deletes)
+``sysfs.write``       a sysfs attribute written (controller timeouts and DH-HMAC-CHAP
+                      secrets, a subsystem's iopolicy)
+``file.write``        a file written whole, atomically (engine configs)
+``file.create``       a file created only if absent (the host's NVMe identity)
+``secret.write``      a secret file written 0600 (``kvagent keys generate``)
+``file.remove``       a file removed (a pool file, a stale engine config)
+``tree.remove``       a directory removed with its contents (engine configs)
+``dir.make``, ``dir.owner``, ``dir.mode``, ``dir.remove``  a directory made, given its
+                      owner or mode, removed (engine and mount-point directories, pool
+                      directories)
+
+A converged pass takes no step but the last-apply report (a ``record``): everything
+above is written only where what is there differs.
 
 The spec is a ``;``-separated list:
 

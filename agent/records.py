@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from . import effects
 from .fabrics import FabricsAddress
 from .state import StateError, read_json, write_json
 
@@ -255,7 +256,7 @@ class TargetRecords:
         """Write schema 2 atomically; a schema-1 claims file goes once its content is in."""
         state_dir = Path(state_dir)
         write_json(state_dir / TARGET_FILE, self.to_json())
-        (state_dir / V1_CLAIMS_FILE).unlink(missing_ok=True)
+        effects.unlink(state_dir / V1_CLAIMS_FILE, missing_ok=True, kind="record.remove")
         self.read_schema = SCHEMA
 
     def pool_bindings(self, pool: str) -> list[Binding]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import failpoints
+from .effects import fsync_dir
 from .errors import KvagentError
 
 
@@ -118,12 +119,3 @@ def write_json(path: Path, data: Any) -> None:
         raise
     fsync_dir(path.parent)
     failpoints.step("record", str(path))
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename or create in ``directory`` durable (fsync of the directory itself)."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import failpoints, progress
+from .. import effects, failpoints, progress
 from ..config.model import EngineConfig
 from ..errors import KvagentError
 from ..log import get_logger
@@ -260,4 +260,4 @@ def read_stats(state_dir: Path | str, pool: str) -> dict[str, CleanerStats]:
 
 def forget(state_dir: Path | str, pool: str) -> None:
     """Drop a detached pool's cleaner record."""
-    cleaner_path(state_dir, pool).unlink(missing_ok=True)
+    effects.unlink(cleaner_path(state_dir, pool), missing_ok=True, kind="record.remove")

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
+from .. import effects
 from ..config.model import EngineConfig
 from ..errors import KvagentError, UsageError
 
@@ -116,7 +117,7 @@ def _prepare_one(path: str, uid: int, gid: int, mode: int) -> PreparedDir:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        os.mkdir(path, 0o700)
+        effects.mkdir(path, 0o700)
         changes.append("created")
         st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
@@ -124,11 +125,11 @@ def _prepare_one(path: str, uid: int, gid: int, mode: int) -> PreparedDir:
         raise KvagentError(f"{path} exists and is {kind}",
                            hint="kvagent does not replace what it did not create; move it away")
     if (st.st_uid, st.st_gid) != (uid, gid):
-        os.chown(path, uid, gid, follow_symlinks=False)
+        effects.chown(path, uid, gid)
         if "created" not in changes:
             changes.append(f"owner {st.st_uid}:{st.st_gid} -> {uid}:{gid}")
     if stat.S_IMODE(st.st_mode) != mode:
-        os.chmod(path, mode, follow_symlinks=False)
+        effects.chmod(path, mode)
         if "created" not in changes:
             changes.append(f"mode {stat.S_IMODE(st.st_mode):04o} -> {mode:04o}")
     return PreparedDir(path, uid, gid, mode, tuple(changes))

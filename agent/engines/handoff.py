@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import effects
 from ..config.model import Config, EngineConfig, InitiatorPool
 from ..config.types import Name
 from ..errors import KvagentError, UsageError
@@ -75,7 +75,7 @@ def hand_off(cfg: Config, pool: InitiatorPool, mounts: tuple[str, ...] | list[st
     kinds = {e.kind for e in pool.engines}
     if out_root.is_dir():
         for stale in sorted(p for p in out_root.iterdir() if p.name not in kinds):
-            shutil.rmtree(stale)
+            effects.remove_tree(stale)
             act("engine.unrender", str(stale))
     if not pool.engines:
         return
@@ -109,18 +109,18 @@ def hand_off(cfg: Config, pool: InitiatorPool, mounts: tuple[str, ...] | list[st
         except KvagentError as exc:
             fail(exc)
             if out_dir.is_dir():  # a config the engine refuses or that hangs it must not stay
-                shutil.rmtree(out_dir)
+                effects.remove_tree(out_dir)
                 act("engine.unrender", str(out_dir), f"{engine.kind}: refused")
             continue
         for name, text in rendered.files.items():
             path = out_dir / name
             if not path.exists() or path.read_text() != text:
-                out_dir.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
+                effects.make_dirs(out_dir)
+                effects.write_file(path, text)
                 act("engine.render", str(path), engine.kind)
         if out_dir.is_dir():
             for stale in sorted(p for p in out_dir.iterdir() if p.name not in rendered.files):
-                stale.unlink()
+                effects.unlink(stale)
                 act("engine.unrender", str(stale), engine.kind)
 
 
@@ -148,11 +148,11 @@ def forget(cfg: Config, pool: str, result: RunResult, *, dry_run: bool = False) 
     renders = engine_renders_dir(state_dir, pool)
     if dry_run:
         return
-    probes_path(state_dir, pool).unlink(missing_ok=True)
+    effects.unlink(probes_path(state_dir, pool), missing_ok=True, kind="record.remove")
     quota.forget(state_dir, pool)
     cleaner.forget(state_dir, pool)
     if renders.is_dir():
-        shutil.rmtree(renders)
+        effects.remove_tree(renders)
         result.actions.append(ActionRecord("initiator", pool, "engine.unrender", str(renders),
                                            "", "done"))
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .. import failpoints, progress
+from .. import effects, failpoints, progress
 from ..config.model import EngineConfig
 from ..errors import KvagentError
 from ..log import get_logger
@@ -127,7 +127,7 @@ def ensure_caps(state_dir: Path | str, pool: str, mounts: Sequence[str],
 
 def forget(state_dir: Path | str, pool: str) -> None:
     """Drop a detached pool's record of tagged directories."""
-    quota_path(state_dir, pool).unlink(missing_ok=True)
+    effects.unlink(quota_path(state_dir, pool), missing_ok=True, kind="record.remove")
 
 
 @dataclass(frozen=True)

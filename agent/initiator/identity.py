@@ -21,9 +21,6 @@ files (delete them and let kvagent create random ones) on cloned images.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 import uuid as uuidlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +28,7 @@ from pathlib import Path
 
 from nvmet.nqn import WELL_KNOWN_DEFAULT_HOSTNQNS, InvalidNQN, validate_nqn
 
+from .. import effects
 from ..errors import KvagentError
 from ..log import get_logger
 
@@ -98,22 +96,9 @@ def _read(path: Path) -> str | None:
 
 def _create(path: Path, value: str) -> bool:
     """Write ``value`` to ``path`` atomically if it does not exist; False if it appeared."""
-    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(value + "\n")
-            f.flush()
-            os.fchmod(f.fileno(), FILE_MODE)
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)  # atomic, and fails if someone created it meanwhile
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    effects.make_dirs(path.parent, 0o755)
+    # a temp file linked into place: atomic, and fails if someone created it meanwhile
+    return effects.create_file(path, value + "\n", FILE_MODE)
 
 
 def _check_hostnqn(path: Path, value: str) -> str:

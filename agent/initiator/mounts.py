@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from .. import effects
 from ..errors import KvagentError
 from ..log import get_logger
 from ..system.mounts import MOUNTINFO, MountEntry, mounted_at, read_mounts
@@ -49,17 +50,7 @@ def missing_dirs(path: str) -> list[str]:
 
 def create_mount_point(path: str) -> list[str]:
     """Create ``path`` and any missing parents; returns the directories made now (top first)."""
-    missing = []
-    current = os.path.normpath(path)
-    while not os.path.isdir(current):
-        missing.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    for d in reversed(missing):
-        os.makedirs(d, exist_ok=True)
-    return list(reversed(missing))
+    return effects.make_dirs(path)
 
 
 def remove_mount_points(dirs: list[str], mountinfo: Path = MOUNTINFO) -> list[str]:
@@ -74,7 +65,7 @@ def remove_mount_points(dirs: list[str], mountinfo: Path = MOUNTINFO) -> list[st
         if os.path.normpath(d) in mounted or not os.path.isdir(d):
             continue
         try:
-            os.rmdir(d)
+            effects.rmdir(d)
         except OSError as exc:
             log.info("kept mount directory", directory=d, reason=os.strerror(exc.errno or 0))
             continue

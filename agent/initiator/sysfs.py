@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from .. import effects
 from ..fabrics import FabricsAddress
 
 #: Controller states in which a controller is (or will soon be) usable.
@@ -301,21 +302,14 @@ class Sysfs:
         before any is written, so that nothing is written if one cannot be opened.
         (:func:`agent.initiator.connect.refresh_controllers` never gives a live controller
         both: see there.)"""
-        fds = []
-        try:
-            for attr, _ in secrets:
-                fds.append(os.open(self.root / "class/nvme" / name / attr,
-                                   os.O_WRONLY | os.O_TRUNC))
-            for fd, (_, secret) in zip(fds, secrets, strict=True):
-                os.write(fd, (secret + "\n").encode())
-        finally:
-            for fd in fds:
-                os.close(fd)
+        effects.sysfs_write_all([(self.root / "class/nvme" / name / attr, secret + "\n")
+                                 for attr, secret in secrets], truncate=True)
 
     def set_controller_attr(self, name: str, attr: str, value: str) -> None:
         """Write one of a controller's tunable attributes (``fast_io_fail_tmo``,
         ``ctrl_loss_tmo``, ``reconnect_delay``: writable on 6.1; -1 turns a timeout off)."""
-        (self.root / "class/nvme" / name / attr).write_text(value + "\n")
+        effects.sysfs_write(self.root / "class/nvme" / name / attr, value + "\n",
+                            truncate=True)
 
     # -- subsystems -----------------------------------------------------------
     def subsystem(self, name: str) -> Subsystem | None:
@@ -374,11 +368,7 @@ class Sysfs:
     def set_iopolicy(self, subsystem: str, policy: str) -> None:
         """Write a subsystem's multipath I/O policy; the kernel's refusal (``OSError``,
         e.g. EINVAL for a policy it does not have) reaches the caller."""
-        fd = os.open(self.root / "class/nvme-subsystem" / subsystem / "iopolicy", os.O_WRONLY)
-        try:
-            os.write(fd, policy.encode())
-        finally:
-            os.close(fd)
+        effects.sysfs_write(self.root / "class/nvme-subsystem" / subsystem / "iopolicy", policy)
 
     # -- namespaces -----------------------------------------------------------
     def namespace(self, name: str, block: dict[str, list[str]] | None = None, *,

@@ -23,7 +23,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from ... import failpoints
+from ... import effects, failpoints
 from ...config.model import FileBacking, TargetPool
 from ...errors import KvagentError
 from ...log import get_logger
@@ -35,7 +35,6 @@ from ...records import (
     Storage,
     TargetRecords,
 )
-from ...state import fsync_dir
 from ...system.mounts import filesystem_device, filesystem_type, read_mounts
 from ...system.run import Runner
 from ..identity import fresh_ids, legacy_ids
@@ -123,10 +122,10 @@ def create_file(directory: Path, rel: str, size: int, uuid: str, nguid: str) -> 
     """
     temp_rel = temp_of(rel)
     temp, final = directory / temp_rel, directory / rel
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    effects.make_dirs(directory, 0o700)
     real_directories(directory, rel)
     _update(directory, rel, ManifestEntry(size, uuid, nguid, "creating", temp_rel))
-    temp.parent.mkdir(exist_ok=True, mode=0o700)
+    effects.mkdir(temp.parent, 0o700, exist_ok=True)
     real_directories(directory, rel)
     try:
         fd = os.open(temp, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
@@ -135,7 +134,7 @@ def create_file(directory: Path, rel: str, size: int, uuid: str, nguid: str) -> 
         finally:
             os.close(fd)
     except (OSError, KvagentError):
-        temp.unlink(missing_ok=True)
+        effects.unlink(temp, missing_ok=True)
         _update(directory, rel, None)
         raise
     failpoints.step("file.allocate", str(temp))
@@ -192,9 +191,7 @@ def _finish(directory: Path, rel: str, temp: Path, final: Path, done: ManifestEn
     if os.path.lexists(final):
         raise FileBackingError(f"{final} appeared while kvagent was creating it; not "
                                "overwriting it")
-    os.rename(temp, final)
-    fsync_dir(final.parent)
-    failpoints.step("file.rename", str(final))
+    effects.rename(temp, final)
     _update(directory, rel, done)
 
 
@@ -241,7 +238,7 @@ def remove_owned(directory: Path, rel: str) -> bool:
             if not stat.S_ISREG(st.st_mode):
                 raise FileBackingError(f"refusing to delete {directory / rel}: not a regular "
                                        "file")
-            os.unlink(name, dir_fd=subfd)
+            effects.unlink(name, dir_fd=subfd, subject=str(directory / rel))
             return True
         finally:
             os.close(subfd)
@@ -467,14 +464,14 @@ class FileDriver:
 
 
 def _remove_manifest_and_dirs(directory: Path) -> None:
-    (directory / MANIFEST_FILE).unlink(missing_ok=True)
+    effects.unlink(directory / MANIFEST_FILE, missing_ok=True, kind="record.remove")
     for sub in sorted((p for p in directory.glob("*") if p.is_dir() and not p.is_symlink()),
                       reverse=True):
         try:
-            sub.rmdir()
+            effects.rmdir(sub)
         except OSError:
             log.info("kept non-empty directory", directory=str(sub))
     try:
-        directory.rmdir()
+        effects.rmdir(directory)
     except OSError:
         log.info("kept non-empty directory", directory=str(directory))

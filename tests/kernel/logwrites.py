@@ -59,6 +59,21 @@ class Log:
         """Indexes of every flush and FUA entry, in order."""
         return [e.index for e in self.entries if e.durable_point]
 
+    def distinct_points(self, first: int = 0,
+                        last: int | None = None) -> tuple[list[int], int]:
+        """The flush and FUA entries in ``first`` .. ``last`` (inclusive) less those with
+        no write or discard since the previous one kept (replayed, they give the same
+        image); and how many flush and FUA entries there are in that range in all."""
+        end = len(self.entries) - 1 if last is None else last
+        points = [i for i in self.flush_points() if first <= i <= end]
+        kept: list[int] = []
+        for i in points:
+            if kept and not any(e.count and not e.flags & MARK
+                                for e in self.entries[kept[-1] + 1:i + 1]):
+                continue
+            kept.append(i)
+        return kept, len(points)
+
     def mark(self, name: str) -> int:
         """The index of the (first) mark ``name``."""
         for e in self.entries:

@@ -94,3 +94,24 @@ def test_what_is_not_a_log_or_is_cut_short_is_refused(log: Path, tmp_path: Path)
     short.write_bytes(log.read_bytes()[:SS * 4])
     with pytest.raises(LogError, match="past the log's end"):
         read_log(str(short))
+
+
+def test_distinct_points_drop_flushes_with_no_write_since_the_last_kept(tmp_path: Path) -> None:
+    path = tmp_path / "points.img"
+    write_log(str(path), SS, [
+        (0, 0, MARK, "start"),        # 0
+        (0, 1, 0, block(1)),          # 1: write
+        (0, 0, FLUSH, b""),           # 2: flush (kept)
+        (0, 0, FLUSH, b""),           # 3: flush, nothing written since 2: same image
+        (0, 0, MARK, "between"),      # 4: a mark is no write
+        (0, 0, FLUSH, b""),           # 5: same image again
+        (3, 1, FUA, block(3)),        # 6: a FUA write is a point and a write (kept)
+        (4, 1, DISCARD, b""),         # 7: a discard changes the image
+        (0, 0, FLUSH, b""),           # 8: kept
+        (0, 0, MARK, "end"),          # 9
+        (0, 0, FLUSH, b""),           # 10: outside the range
+    ])
+    log = read_log(str(path))
+    assert log.distinct_points(log.mark("start"), log.mark("end")) == ([2, 6, 8], 5)
+    assert log.distinct_points() == ([2, 6, 8], 6)
+    assert log.distinct_points(3, 5) == ([3], 2)

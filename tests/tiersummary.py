@@ -1,7 +1,7 @@
 """The "left out: ..." part of scripts/test's last line, from the kernel tier's summary
 (written by tests/vmplugin.py under ``KVAGENT_TIER_SUMMARY``).
 
-``python -m tests.tiersummary SUMMARY [--second-kernel-off] [-- PYTEST_ARGS...]``
+``python -m tests.tiersummary SUMMARY [--second-kernel-off] [--long-off] [-- PYTEST_ARGS...]``
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 SECOND_KERNEL_OFF = "KVAGENT_SECOND_KERNEL=0"
+LONG_OFF = "long: KVAGENT_LONG=1 runs them"
 
 
 def read(path: str) -> dict[str, Any] | None:
@@ -27,16 +28,19 @@ def read(path: str) -> dict[str, Any] | None:
 
 
 def left_out(summary: dict[str, Any] | None, second_kernel_off: bool,
-             args: Sequence[str]) -> str:
+             args: Sequence[str], long_off: bool = False) -> str:
     """Which kernel groups (whole, or some of their tests) and vmhost tests were left out,
-    and why: ``KVAGENT_SECOND_KERNEL=0`` for the second_kernel tests it deselected, else
-    the pytest arguments (or -m/-k)."""
+    and why: ``KVAGENT_SECOND_KERNEL=0`` for the second_kernel tests it deselected, the
+    long tests scripts/test leaves out unless ``KVAGENT_LONG=1``, else the pytest
+    arguments (or -m/-k)."""
     if summary is None:
         return "left out: unknown (the kernel tier wrote no summary)"
     by_reason: dict[str, Counter[str | None]] = {}
     for test in summary["left_out"]:
         if second_kernel_off and test["second_kernel"]:
             reason = SECOND_KERNEL_OFF
+        elif long_off and test.get("long"):
+            reason = LONG_OFF
         else:
             reason = f"arguments: {shlex.join(args)}" if args else "-m/-k"
         by_reason.setdefault(reason, Counter())[test["group"]] += 1
@@ -45,8 +49,8 @@ def left_out(summary: dict[str, Any] | None, second_kernel_off: bool,
     left_total = Counter(t["group"] for t in summary["left_out"])
     return "left out: " + ", ".join(
         f"{_parts(counts, summary, left_total)} ({reason})"
-        for reason, counts in sorted(by_reason.items(),
-                                     key=lambda rc: (rc[0] != SECOND_KERNEL_OFF, rc[0])))
+        for reason, counts in sorted(by_reason.items(), key=lambda rc: (
+            rc[0] not in (SECOND_KERNEL_OFF, LONG_OFF), rc[0])))
 
 
 def _parts(counts: Counter[str | None], summary: dict[str, Any],
@@ -65,14 +69,16 @@ def _parts(counts: Counter[str | None], summary: dict[str, Any],
 
 
 def main(argv: Sequence[str]) -> None:
-    """``SUMMARY [--second-kernel-off] [-- PYTEST_ARGS...]``: prints the left-out part."""
+    """``SUMMARY [--second-kernel-off] [--long-off] [-- PYTEST_ARGS...]``: prints the
+    left-out part."""
     own, args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
         else (argv, [])
     parser = argparse.ArgumentParser(prog="python -m tests.tiersummary")
     parser.add_argument("summary")
     parser.add_argument("--second-kernel-off", action="store_true")
+    parser.add_argument("--long-off", action="store_true")
     ns = parser.parse_args(own)
-    print(left_out(read(ns.summary), ns.second_kernel_off, args))
+    print(left_out(read(ns.summary), ns.second_kernel_off, args, ns.long_off))
 
 
 if __name__ == "__main__":

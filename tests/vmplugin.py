@@ -323,13 +323,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def tier_summary(booted: dict[str, list[pytest.Item]], selected: list[pytest.Item],
                  left_out: list[pytest.Item]) -> dict[str, Any]:
     """The groups booted (tests in each), the vmhost tests selected, and each
-    kernel/vmhost test deselected (its group, None for vmhost; second_kernel or not)."""
+    kernel/vmhost test deselected (its group, None for vmhost; second_kernel, long)."""
     return {
         "booted": {group: len(items) for group, items in booted.items()},
         "vmhost": sum(1 for i in selected if i.get_closest_marker("vmhost")),
         "left_out": [{"nodeid": i.nodeid,
                       "group": group_of(i) if i.get_closest_marker("kernel") else None,
-                      "second_kernel": i.get_closest_marker("second_kernel") is not None}
+                      "second_kernel": i.get_closest_marker("second_kernel") is not None,
+                      "long": i.get_closest_marker("long") is not None}
                      for i in left_out],
     }
 

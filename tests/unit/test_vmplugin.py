@@ -372,9 +372,11 @@ def test_the_summary_names_the_booted_groups_and_the_left_out_tests(tmp_path: Pa
     assert summary["booted"] == {"main": 1} and summary["vmhost"] == 1
     assert sorted(summary["left_out"], key=lambda t: t["nodeid"]) == [
         {"nodeid": "test_sample.py::test_hostile", "group": "hostile-612",
-         "second_kernel": True},
-        {"nodeid": "test_sample.py::test_main_two", "group": "main", "second_kernel": False},
-        {"nodeid": "test_sample.py::test_tls", "group": "tls-612", "second_kernel": True},
+         "second_kernel": True, "long": False},
+        {"nodeid": "test_sample.py::test_main_two", "group": "main", "second_kernel": False,
+         "long": False},
+        {"nodeid": "test_sample.py::test_tls", "group": "tls-612", "second_kernel": True,
+         "long": False},
     ]
     path = str(tmp_path / "summary.json")
     assert tiersummary(path, "--second-kernel-off", "--", "-k", "not main_two") == (
@@ -400,3 +402,41 @@ def test_the_left_out_line_names_vmhost_tests_and_a_missing_summary(tmp_path: Pa
         "left out: groups 'hostile-612', 'tls-612', 1 of 1 host-side vmhost tests (-m/-k)")
     assert tiersummary(str(tmp_path / "none.json")) == (
         "left out: unknown (the kernel tier wrote no summary)")
+
+
+LONG = '''
+import pytest
+
+
+@pytest.mark.kernel(group="main")
+def test_short():
+    pass
+
+
+@pytest.mark.kernel(group="flush-gpu")
+@pytest.mark.long
+def test_replay_every_point():
+    pass
+
+
+@pytest.mark.vmhost
+@pytest.mark.long
+def test_role_twice():
+    pass
+'''
+
+
+def test_the_long_tests_left_out_are_named_with_how_to_run_them(tmp_path: Path) -> None:
+    summary = tmp_path / "summary.json"
+    assert boots(tmp_path, "-o", "markers=vmhost", "-m", "(kernel or vmhost) and not long",
+                 tests=LONG, KVAGENT_TIER_SUMMARY=str(summary)) == ["main"]
+    data = json.loads(summary.read_text())
+    assert sorted((t["nodeid"], t["long"]) for t in data["left_out"]) == [
+        ("test_sample.py::test_replay_every_point", True),
+        ("test_sample.py::test_role_twice", True)]
+    assert tiersummary(str(summary), "--long-off") == (
+        "left out: group 'flush-gpu', 1 of 1 host-side vmhost tests "
+        "(long: KVAGENT_LONG=1 runs them)")
+    # without --long-off (someone's own -m), the arguments are the reason
+    assert tiersummary(str(summary)) == (
+        "left out: group 'flush-gpu', 1 of 1 host-side vmhost tests (-m/-k)")

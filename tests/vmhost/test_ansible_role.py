@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 ROOT = "/tmp/kvagent-ansible"
 #: Weight: its minutes under TCG alone; ranks its VM slot among the kernel tier's groups.
-pytestmark = pytest.mark.vmhost(weight=15)
+#: Long (15 VM-minutes): scripts/test runs it with KVAGENT_LONG=1.
+pytestmark = [pytest.mark.vmhost(weight=15), pytest.mark.long]
 #: What the guest runs through the venv's Python (kit and pools are kernel-test helpers).
 PY = f"cd {REPO} && {REPO}/.venv/bin/python -c"
 

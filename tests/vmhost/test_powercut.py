@@ -21,7 +21,8 @@ from tests.vmplugin import GUEST_CPUS
 
 REPO = Path(__file__).resolve().parents[2]
 #: Weight: its minutes under TCG alone (four boots); ranks its VM slot among the groups.
-pytestmark = pytest.mark.vmhost(weight=10)
+#: Long (four boots, 10 VM-minutes): scripts/test runs it with KVAGENT_LONG=1.
+pytestmark = [pytest.mark.vmhost(weight=10), pytest.mark.long]
 #: scripts/vm's exit status when the guest never finished its command (here: the cut).
 CUT = 125
 

@@ -286,7 +286,6 @@ GPU_LIMIT: int | None = None
 
 
 @pytest.mark.kernel(group=f"{GROUP}-gpu", weight=9)
-@pytest.mark.long  # 10 VM-minutes: scripts/test runs it with KVAGENT_LONG=1
 def test_every_flush_point_of_a_cold_gpu_attach(logged) -> None:  # type: ignore[no-untyped-def]
     ll, foreign = logged
 

@@ -171,6 +171,13 @@ def make_dirs(path: StrPath, mode: int = 0o777, *, parents_mode: int = 0o777) ->
     """Make ``path`` and its missing parents (as ``Path.mkdir(parents=True,
     exist_ok=True)``: the parents get ``parents_mode``); the directories made, top
     first. An existing non-directory raises FileExistsError."""
+    missing = missing_dirs(path)
+    return [d for d in missing
+            if mkdir(d, mode if d == missing[-1] else parents_mode, exist_ok=True)]
+
+
+def missing_dirs(path: StrPath) -> list[str]:
+    """The directories :func:`make_dirs` would make for ``path``, top first (reads only)."""
     missing: list[str] = []
     current = os.path.normpath(os.path.abspath(path))
     while not os.path.isdir(current):
@@ -179,8 +186,7 @@ def make_dirs(path: StrPath, mode: int = 0o777, *, parents_mode: int = 0o777) ->
         if parent == current:
             break
         current = parent
-    return [d for d in reversed(missing)
-            if mkdir(d, mode if d == missing[0] else parents_mode, exist_ok=True)]
+    return list(reversed(missing))
 
 
 def chown(path: StrPath, uid: int, gid: int) -> None:

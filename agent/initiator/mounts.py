@@ -37,15 +37,7 @@ def device_number(device: str) -> str:
 
 def missing_dirs(path: str) -> list[str]:
     """The directories :func:`create_mount_point` would make for ``path`` (top first)."""
-    missing = []
-    current = os.path.normpath(path)
-    while not os.path.isdir(current):
-        missing.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    return list(reversed(missing))
+    return effects.missing_dirs(path)
 
 
 def create_mount_point(path: str) -> list[str]:

@@ -36,14 +36,16 @@ class Outcome:
     steps: tuple[str, ...]
 
 
-def child_pass(config: Config, spec: str = "") -> Outcome:
-    """Run one apply of ``config`` in a forked child with failpoints ``spec``; wait."""
+def child_pass(config: Config, spec: str = "", timeout: int = 0) -> Outcome:
+    """Run one apply of ``config`` in a forked child with failpoints ``spec``; wait.
+    ``timeout``: seconds after which the child dies of SIGALRM, failing as wedged."""
     fd, log = tempfile.mkstemp(prefix="kvagent-steps-")
     os.close(fd)
     pid = os.fork()
     if pid == 0:  # the child
         code = 3
         try:
+            signal.alarm(timeout)
             failpoints.configure(f"log={log};{spec}")
             result = run_pass(config, dry_run=False)
             code = 0 if result.ok else 1
@@ -58,7 +60,9 @@ def child_pass(config: Config, spec: str = "") -> Outcome:
     steps = tuple(line.split("\t", 1)[1] for line in Path(log).read_text().splitlines())
     os.unlink(log)
     if os.WIFSIGNALED(status):
-        assert os.WTERMSIG(status) == signal.SIGKILL, f"child died of signal {status}"
+        sig = os.WTERMSIG(status)
+        assert sig != signal.SIGALRM, f"the pass is wedged (> {timeout}s): {steps[-3:]}"
+        assert sig == signal.SIGKILL, f"child died of signal {sig}"
         return Outcome(True, None, steps)
     return Outcome(False, os.WEXITSTATUS(status), steps)
 

@@ -16,19 +16,13 @@ image saved right after its mkfs with the log replayed up to that point
 from __future__ import annotations
 
 import os
-import signal
-import sys
-import tempfile
 import time
-import traceback
 from pathlib import Path
 
-from agent import failpoints
 from agent.config import Config, load_config
-from agent.reconcile import run_pass
 
 from . import kit
-from .crash import Outcome
+from .crash import Outcome, child_pass
 from .logwrites import Log, read_log, replay
 from .pools import Lab, umount_all_under
 
@@ -45,32 +39,7 @@ PASS_TIMEOUT = 300
 
 def timed_pass(config: Config, spec: str = "", timeout: int = PASS_TIMEOUT) -> Outcome:
     """crash.child_pass with a deadline: the child dies of SIGALRM when wedged."""
-    fd, log = tempfile.mkstemp(prefix="kvagent-steps-")
-    os.close(fd)
-    pid = os.fork()
-    if pid == 0:  # the child
-        code = 3
-        try:
-            signal.alarm(timeout)
-            failpoints.configure(f"log={log};{spec}")
-            result = run_pass(config, dry_run=False)
-            code = 0 if result.ok else 1
-            if not result.ok:
-                print(f"child pass errors: {result.errors}", file=sys.stderr, flush=True)
-        except BaseException:
-            traceback.print_exc()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    steps = tuple(line.split("\t", 1)[1] for line in Path(log).read_text().splitlines())
-    os.unlink(log)
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        assert sig != signal.SIGALRM, f"the pass is wedged (> {timeout}s): {steps[-3:]}"
-        assert sig == signal.SIGKILL, f"child died of signal {sig}"
-        return Outcome(True, None, steps)
-    return Outcome(False, os.WEXITSTATUS(status), steps)
+    return child_pass(config, spec, timeout)
 
 
 def side_effects(outcome: Outcome) -> list[str]:

@@ -38,6 +38,8 @@ from _pytest.reports import TestReport
 REPO = Path(__file__).resolve().parent.parent
 IN_GUEST = os.environ.get("KVAGENT_IN_VM") == "1" or os.environ.get("KVAGENT_REAL_HOST") == "1"
 DEFAULT_GROUP = "main"
+#: A kernel test's weight (minutes in a VM under TCG) when its marker names none.
+DEFAULT_WEIGHT = 0.1
 GUEST_TIMEOUT = int(os.environ.get("KVAGENT_VM_TIMEOUT", "2400"))
 #: VMs that run at once. A TCG guest keeps about one host core busy (the tests in it
 #: run one thing at a time), so two groups at once use a 2-core machine fully.
@@ -120,11 +122,11 @@ def kernel_of(items: list[pytest.Item]) -> str | None:
 
 def weight_of(item: pytest.Item) -> float:
     """How long a test runs: roughly its minutes in a VM of its own under TCG (``weight=``
-    on the marker; 1 by default). Groups (and host-side tests that boot VMs, see
-    :func:`vm_slot`) get VM slots in order of their summed weights, longest first, so
-    that the parallel VMs finish together."""
+    on the marker; 0.1 by default, what most take: 3-10 s each). Groups (and host-side
+    tests that boot VMs, see :func:`vm_slot`) get VM slots in order of their summed
+    weights, longest first, so that the parallel VMs finish together."""
     marker = item.get_closest_marker("kernel")
-    return float(marker.kwargs.get("weight", 1)) if marker else 1.0
+    return float(marker.kwargs.get("weight", DEFAULT_WEIGHT)) if marker else DEFAULT_WEIGHT
 
 
 # ---------------------------------------------------------------- guest side

@@ -56,7 +56,7 @@ from .pools import (
 )
 from .test_attach_pools import write_sectors
 
-pytestmark = pytest.mark.kernel(group="cache-gpu", weight=3.5)
+pytestmark = pytest.mark.kernel(group="cache", weight=1)
 PREFIX = "nqn.2026-11.io.kvagent"
 MIB = 1 << 20
 FAST_IO_FAIL_TMO = 5  # the default (agent.config.model.FAST_IO_FAIL_TMO)

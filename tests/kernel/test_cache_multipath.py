@@ -35,7 +35,7 @@ from agent.system.run import default_runner
 from . import kit
 from .pools import Lab, RecordingRunner, assert_ok, mount_tmpfs, umount_all_under
 
-pytestmark = pytest.mark.kernel(group="cache-storage", weight=3)
+pytestmark = pytest.mark.kernel(group="cache", weight=0.6)
 PREFIX = "nqn.2026-11.io.kvagent"
 MIB = 1 << 20
 TCP_PORT, RDMA_PORT = 42, 43

@@ -45,7 +45,7 @@ from agent.system.xfsquota import get_quota
 from . import kit
 from .pools import Lab, RecordingRunner, assert_ok, mount_tmpfs, umount_all_under, write_file
 
-pytestmark = pytest.mark.kernel(group="cache-quota", weight=2)
+pytestmark = pytest.mark.kernel(group="cache", weight=0.4)
 PREFIX = "nqn.2026-11.io.kvagent"
 MIB = 1 << 20
 VLLM, LMCACHE = project_id("vllm"), project_id("lmcache")

@@ -42,7 +42,7 @@ from .pools import (
     remove_volume_group,
 )
 
-pytestmark = pytest.mark.kernel(group="cache-storage", weight=2)
+pytestmark = pytest.mark.kernel(group="cache", weight=0.9)
 PREFIX = "nqn.2026-11.io.kvagent"
 #: Each drive's read cap: low enough that four of them stay below what NVMe/TCP over
 #: loopback moves under TCG, so the drives, not the path, set the pace.

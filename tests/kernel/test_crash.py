@@ -477,7 +477,7 @@ def foreign_objects(lab: Lab, nullb):  # type: ignore[no-untyped-def]
         foreign.remove()
 
 
-@pytest.mark.kernel(group="crash-storage", weight=9)
+@pytest.mark.kernel(group="crash-storage", weight=5)
 def test_kill_after_every_step_of_a_cold_apply_storage_side(lab: Lab, nullb) -> None:  # type: ignore[no-untyped-def]
     with foreign_objects(lab, nullb) as foreign:
         cfg = config(lab, gpu=False)
@@ -503,7 +503,7 @@ def test_kill_after_every_step_of_a_cold_attach_gpu_side(lab: Lab, nullb) -> Non
         run_case("gpu cold attach", lab, cfg, gpu_empty, mounted, foreign, gpu_minimum(cfg))
 
 
-@pytest.mark.kernel(group="crash-teardown", weight=18)
+@pytest.mark.kernel(group="crash-teardown", weight=11)
 def test_kill_after_every_step_of_a_teardown(lab: Lab, nullb) -> None:  # type: ignore[no-untyped-def]
     with foreign_objects(lab, nullb) as foreign:
         full = config(lab)

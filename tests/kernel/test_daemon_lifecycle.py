@@ -46,7 +46,7 @@ from .pools import (
 from .pools import write_file as write_data
 from .test_daemon import free_port, get
 
-pytestmark = pytest.mark.kernel(group="daemon-lifecycle", weight=6)
+pytestmark = pytest.mark.kernel(group="lifecycle", weight=1.8)
 
 VG = "kvlife"
 WATCHDOG = 12.0

@@ -35,7 +35,7 @@ from . import kit
 from .pools import DRIVES, KVAGENT, fabrics_controllers, umount_all_under, write_file
 from .test_daemon import free_port, get
 
-pytestmark = pytest.mark.kernel(group="install", weight=4)
+pytestmark = pytest.mark.kernel(group="lifecycle", weight=2.3)
 
 REPO = Path(__file__).resolve().parents[2]
 DEB = REPO / "build" / "deb" / f"kvagent_{__version__}_all.deb"

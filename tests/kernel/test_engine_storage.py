@@ -56,7 +56,7 @@ from agent.system.xfsquota import get_quota
 from . import kit
 from .pools import Lab, assert_ok, mount_tmpfs, umount_all_under
 
-pytestmark = pytest.mark.kernel(group="engine-storage", weight=3)
+pytestmark = pytest.mark.kernel(group="lifecycle", weight=1.6)
 PREFIX = "nqn.2026-11.io.kvagent"
 MIB = 1 << 20
 SGLANG = project_id("sglang")

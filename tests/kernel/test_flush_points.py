@@ -36,7 +36,7 @@ from .flush_lab import (
 from .logwrites import read_log, replay
 from .pools import Lab
 
-GROUP = "flush-points"
+GROUP = "crash-storage"  # one VM with the storage side's kill matrix
 MIB = 1 << 20
 
 
@@ -64,7 +64,7 @@ def _at(path: str, offset: int) -> bytes:
         return f.read(4096)
 
 
-@pytest.mark.kernel(group=GROUP, weight=1)
+@pytest.mark.kernel(group=GROUP, weight=0.5)
 def test_a_replay_to_a_mark_keeps_flushed_writes_and_loses_unflushed_ones(
         tmp_path: Path) -> None:
     kit.modprobe("loop", "dm-log-writes")
@@ -151,7 +151,7 @@ CUTS = (
 )
 
 
-@pytest.mark.kernel(group=GROUP, weight=6)
+@pytest.mark.kernel(group=GROUP, weight=1)
 def test_power_cuts_at_named_steps_lose_nothing_kvagent_relied_on(logged) -> None:  # type: ignore[no-untyped-def]
     ll, foreign = logged
     storage, full = ll.config(gpu=False), ll.config()
@@ -275,7 +275,7 @@ def _flush_points(ll: LoggedLab, foreign: Foreign, name: str, before: list[Confi
            "in all")
 
 
-@pytest.mark.kernel(group=GROUP, weight=4)
+@pytest.mark.kernel(group=GROUP, weight=1)
 def test_every_flush_point_of_a_cold_storage_apply(logged) -> None:  # type: ignore[no-untyped-def]
     ll, foreign = logged
     _flush_points(ll, foreign, "storage-apply", [], ll.config(gpu=False), lambda: None)
@@ -285,7 +285,7 @@ def test_every_flush_point_of_a_cold_storage_apply(logged) -> None:  # type: ign
 GPU_LIMIT: int | None = None
 
 
-@pytest.mark.kernel(group=f"{GROUP}-gpu", weight=9)
+@pytest.mark.kernel(group="cache", weight=4.5)
 def test_every_flush_point_of_a_cold_gpu_attach(logged) -> None:  # type: ignore[no-untyped-def]
     ll, foreign = logged
 

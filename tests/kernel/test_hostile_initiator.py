@@ -39,7 +39,7 @@ from .pools import KVAGENT, Lab, assert_converged, assert_ok, mount_tmpfs, umoun
 from .test_daemon import free_port
 from .test_tls import tls_lab  # noqa: F401 (the fixture: tlshd, nvme-cli 2.13, a Lab)
 
-pytestmark = [pytest.mark.kernel(group="hostile-612", kernel="6.12.117+deb13-amd64"),
+pytestmark = [pytest.mark.kernel(group="kernel-6.12", kernel="6.12.117+deb13-amd64"),
               pytest.mark.second_kernel]
 PREFIX = "nqn.2026-12.io.kvagent.hostile"
 NQN = subsystem_nqn(PREFIX, "lab", "sec", None)

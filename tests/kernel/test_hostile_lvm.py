@@ -36,7 +36,7 @@ from .pools import (
 )
 from .test_ownership import clear_nvmet
 
-pytestmark = pytest.mark.kernel(group="hostile")
+pytestmark = pytest.mark.kernel
 
 PREFIX = "nqn.2026-11.io.kvagent"
 

@@ -49,7 +49,7 @@ from .pools import (
     umount_all_under,
 )
 
-pytestmark = pytest.mark.kernel(group="hostile")
+pytestmark = pytest.mark.kernel
 PREFIX = "nqn.2026-11.io.kvagent"
 UUID = "5f0c7a2e-9b1d-4e3f-8a6c-2d4b6e8f0a1c"
 NGUID = "5f0c7a2e9b1d4e3f8a6c2d4b6e8f0a1c"
@@ -336,7 +336,7 @@ def subsystem_state(nqn: str) -> dict[str, object]:
                             if (p / "subsystems" / nqn).exists())}
 
 
-@pytest.mark.kernel(group="hostile-612", kernel="6.12.117+deb13-amd64")
+@pytest.mark.kernel(group="kernel-6.12", kernel="6.12.117+deb13-amd64")
 @pytest.mark.second_kernel
 def test_a_hand_made_host_entry_keeps_its_admins_secret(lab: Lab) -> None:
     assert kit.read("/proc/sys/kernel/osrelease").startswith("6.12")

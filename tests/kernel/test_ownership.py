@@ -35,7 +35,7 @@ from .pools import (
     write_file,
 )
 
-pytestmark = pytest.mark.kernel(group="ownership")
+pytestmark = pytest.mark.kernel
 
 PREFIX = "nqn.2026-11.io.kvagent"
 

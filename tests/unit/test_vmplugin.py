@@ -83,7 +83,7 @@ GROUPS = '''
 import pytest
 
 
-@pytest.mark.kernel(group="short-but-heavy", weight=2)
+@pytest.mark.kernel(group="short-but-heavy", weight=0.25)
 def test_one():
     pass
 

@@ -1,23 +1,45 @@
-"""Structured logging: console on a TTY, JSON lines otherwise; always on stderr."""
+"""Structured logging: console on a TTY, JSON lines otherwise; always on stderr.
+
+structlog is imported and configured at the first log call, not before: importing it
+(with what it pulls in) costs several times a bare interpreter's start, and most
+commands (``kvagent --version``, ``status`` answered by the daemon) never log.
+"""
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import IO, Any
 
-import structlog
+#: What :func:`configure_logging` asked for, applied at the next log call; None once done
+#: (and before it is called: structlog's defaults).
+_pending: list[tuple[int, IO[str] | None, bool] | None] = [None]
 
 
 def configure_logging(verbosity: int = 0, stream: IO[str] | None = None,
                       json_lines: bool | None = None) -> None:
-    """Set up structlog. ``verbosity`` 0 = warnings+info, 1+ = debug.
+    """Set up logging. ``verbosity`` 0 = warnings+info, 1+ = debug.
 
-    Results go to stdout elsewhere; logs never do.
+    Results go to stdout elsewhere; logs never do. Takes effect at once where structlog
+    is imported already, else at the first log call.
     """
     out = stream if stream is not None else sys.stderr
     if json_lines is None:
         json_lines = not (hasattr(out, "isatty") and out.isatty())
+    _pending[0] = (verbosity, stream, json_lines)
+    if "structlog" in sys.modules:
+        _structlog()
+
+
+def _structlog() -> Any:
+    """structlog, configured as :func:`configure_logging` last asked."""
+    import logging
+
+    import structlog
+
+    if _pending[0] is None:
+        return structlog
+    verbosity, stream, json_lines = _pending[0]
+    _pending[0] = None
     renderer: Any = (structlog.processors.JSONRenderer() if json_lines
                      else structlog.dev.ConsoleRenderer(colors=False))
     level = logging.DEBUG if verbosity > 0 else logging.INFO
@@ -36,6 +58,7 @@ def configure_logging(verbosity: int = 0, stream: IO[str] | None = None,
                         else lambda *_: structlog.PrintLogger(file=sys.stderr)),
         cache_logger_on_first_use=False,
     )
+    return structlog
 
 
 class _LazyLogger:
@@ -53,7 +76,7 @@ class _LazyLogger:
         return _LazyLogger({**self._values, **values})
 
     def __getattr__(self, attr: str) -> Any:
-        return getattr(structlog.get_logger().bind(**self._values), attr)
+        return getattr(_structlog().get_logger().bind(**self._values), attr)
 
 
 def get_logger(name: str | None = None, **context: Any) -> Any:

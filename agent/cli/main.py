@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import traceback
 from typing import Any
 
 import click
@@ -50,6 +49,8 @@ class KvagentGroup(click.Group):
         except Exception as exc:
             verbose = (ctx.obj or {}).get("verbose", 0)
             if verbose:
+                import traceback
+
                 traceback.print_exc()
             click.echo(f"kvagent: internal error: {type(exc).__name__}: {exc}", err=True)
             if not verbose:

@@ -1,32 +1,58 @@
-"""kvagent configuration: load one YAML file into a frozen, typed :class:`Config`."""
+"""kvagent configuration: load one YAML file into a frozen, typed :class:`Config`.
+
+What every command needs (the file's path, :class:`ConfigError`) is defined here; the
+model and the loader (:mod:`.model`, :mod:`.load`) are imported when first used, so that
+a command that reads no config (``kvagent --version``, ``status`` answered by the daemon)
+does not pay for them.
+"""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import yaml
+if TYPE_CHECKING:
+    from .load import load_config, parse_config
+    from .model import (
+        Config,
+        DeviceBacking,
+        EngineConfig,
+        FileBacking,
+        HealthConfig,
+        InitiatorConfig,
+        InitiatorPool,
+        LvmBacking,
+        NodeConfig,
+        PortConfig,
+        TargetConfig,
+        TargetHost,
+        TargetPool,
+        TargetRef,
+    )
 
-from ..dhchap import redact
-from .build import Builder, Problem, format_path
-from .model import (
-    Config,
-    DeviceBacking,
-    EngineConfig,
-    FileBacking,
-    HealthConfig,
-    InitiatorConfig,
-    InitiatorPool,
-    LvmBacking,
-    NodeConfig,
-    PortConfig,
-    TargetConfig,
-    TargetHost,
-    TargetPool,
-    TargetRef,
-)
-from .yamlsource import MarkedDict, line_of, load_yaml
+#: Names imported from a submodule at first use: name -> submodule.
+_LAZY = {
+    **dict.fromkeys(("Config", "DeviceBacking", "EngineConfig", "FileBacking", "HealthConfig",
+                     "InitiatorConfig", "InitiatorPool", "LvmBacking", "NodeConfig",
+                     "PortConfig", "TargetConfig", "TargetHost", "TargetPool", "TargetRef"),
+                    "model"),
+    "load_config": "load",
+    "parse_config": "load",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 DEFAULT_CONFIG_PATH = "/etc/kvagent/kvagent.yaml"
 CONFIG_ENV = "KVAGENT_CONFIG"
@@ -68,6 +94,8 @@ class ConfigProblem:
     def __post_init__(self) -> None:
         # A secret pasted where its file belongs would be echoed to the terminal, the
         # journal, kvagent status and apply's answer: never show it (issue 24).
+        from ..dhchap import redact
+
         field, message = redact(self.field), redact(self.message)
         if (field, message) != (self.field, self.message):
             message += ("; that is a secret itself, and the config holds only paths: put it "
@@ -96,40 +124,6 @@ def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     return Path(os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH)
 
 
-def parse_config(text: str, source: str = "<config>") -> Config:
-    """Parse and validate config text; raise :class:`ConfigError` listing every problem."""
-    try:
-        data = load_yaml(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError([ConfigProblem(source, line, "(yaml)", f"not valid YAML: {problem}")])\
-            from None
-    if data is None:
-        raise ConfigError([ConfigProblem(source, None, "(top level)",
-                                         "the file is empty; it needs at least 'version: 1'")])
-    if not isinstance(data, MarkedDict):
-        raise ConfigError([ConfigProblem(source, getattr(data, "line", 1), "(top level)",
-                                         "must be a mapping of sections (version, node, ...)")])
-    if "version" not in data:
-        raise ConfigError([ConfigProblem(source, 1, "version", "is required and must be 1")])
-    builder = Builder()
-    config = builder.build(Config, data)
-    if builder.problems or config is None:
-        raise ConfigError([_locate(source, data, p) for p in builder.problems])
-    return config
-
-
-def _locate(source: str, data: MarkedDict, problem: Problem) -> ConfigProblem:
-    return ConfigProblem(source, line_of(data, problem.path), format_path(problem.path),
-                         problem.message)
-
-
-#: The largest config file kvagent reads (a config of 1024 pools is well under 1 MiB).
-MAX_CONFIG_BYTES = 16 << 20
-
-
 def trust_problem(st: os.stat_result, euid: int) -> str | None:
     """Why a process running as ``euid`` must not take a config file with status ``st``
     (None: it may). Root takes only a file that root owns and nobody else can write (its
@@ -145,32 +139,3 @@ def trust_problem(st: os.stat_result, euid: int) -> str | None:
                 f"group {st.st_gid}): a root kvagent does not take orders from a file others "
                 "can change (chmod go-w FILE)")
     return None
-
-
-def _read_config_file(file: Path) -> str:
-    """The config file's text, after checking who could have written it."""
-    with open(file, "rb") as f:
-        problem = trust_problem(os.fstat(f.fileno()), os.geteuid())
-        if problem:
-            raise ConfigError([ConfigProblem(str(file), None, "(file)", problem)])
-        data = f.read(MAX_CONFIG_BYTES + 1)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError([ConfigProblem(str(file), None, "(file)",
-                                         f"is larger than {MAX_CONFIG_BYTES >> 20} MiB")])
-    return data.decode("utf-8")
-
-
-def load_config(path: str | os.PathLike[str] | None = None) -> Config:
-    """Load the config file (see :func:`config_path`); raise :class:`ConfigError` if bad
-    (as root: also when it is not root's, or others may write it)."""
-    file = config_path(path)
-    try:
-        text = _read_config_file(file)
-    except FileNotFoundError:
-        raise ConfigError([ConfigProblem(str(file), None, "(file)",
-                                         "does not exist (give one with -c/--config or "
-                                         f"${CONFIG_ENV})")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([ConfigProblem(str(file), None, "(file)",
-                                         f"cannot be read: {exc}")]) from None
-    return parse_config(text, str(file))

@@ -432,10 +432,10 @@ def test_root_takes_its_own_file_and_others_any(tmp_path: Path) -> None:
 
 def test_a_config_file_larger_than_the_cap_is_refused(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from agent import config
+    from agent.config import load
 
-    monkeypatch.setattr(config, "MAX_CONFIG_BYTES", 64)
+    monkeypatch.setattr(load, "MAX_CONFIG_BYTES", 64)
     file = tmp_path / "kvagent.yaml"
     file.write_text("version: 1\n" + "# padding\n" * 20)
     with pytest.raises(ConfigError, match="larger than"):
-        config.load_config(file)
+        load.load_config(file)

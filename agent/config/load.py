@@ -1,0 +1,82 @@
+"""Reading and validating the config file: YAML with line marks, the typed model built
+from it, every problem located by file, line and field."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+from . import (
+    CONFIG_ENV,
+    ConfigError,
+    ConfigProblem,
+    config_path,
+    trust_problem,
+)
+from .build import Builder, Problem, format_path
+from .model import Config
+from .yamlsource import MarkedDict, line_of, load_yaml
+
+#: The largest config file kvagent reads (a config of 1024 pools is well under 1 MiB).
+MAX_CONFIG_BYTES = 16 << 20
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    """Parse and validate config text; raise :class:`ConfigError` listing every problem."""
+    try:
+        data = load_yaml(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([ConfigProblem(source, line, "(yaml)", f"not valid YAML: {problem}")])\
+            from None
+    if data is None:
+        raise ConfigError([ConfigProblem(source, None, "(top level)",
+                                         "the file is empty; it needs at least 'version: 1'")])
+    if not isinstance(data, MarkedDict):
+        raise ConfigError([ConfigProblem(source, getattr(data, "line", 1), "(top level)",
+                                         "must be a mapping of sections (version, node, ...)")])
+    if "version" not in data:
+        raise ConfigError([ConfigProblem(source, 1, "version", "is required and must be 1")])
+    builder = Builder()
+    config = builder.build(Config, data)
+    if builder.problems or config is None:
+        raise ConfigError([_locate(source, data, p) for p in builder.problems])
+    return config
+
+
+def _locate(source: str, data: MarkedDict, problem: Problem) -> ConfigProblem:
+    return ConfigProblem(source, line_of(data, problem.path), format_path(problem.path),
+                         problem.message)
+
+
+def _read_config_file(file: Path) -> str:
+    """The config file's text, after checking who could have written it."""
+    with open(file, "rb") as f:
+        problem = trust_problem(os.fstat(f.fileno()), os.geteuid())
+        if problem:
+            raise ConfigError([ConfigProblem(str(file), None, "(file)", problem)])
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError([ConfigProblem(str(file), None, "(file)",
+                                         f"is larger than {MAX_CONFIG_BYTES >> 20} MiB")])
+    return data.decode("utf-8")
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> Config:
+    """Load the config file (see :func:`config_path`); raise :class:`ConfigError` if bad
+    (as root: also when it is not root's, or others may write it)."""
+    file = config_path(path)
+    try:
+        text = _read_config_file(file)
+    except FileNotFoundError:
+        raise ConfigError([ConfigProblem(str(file), None, "(file)",
+                                         "does not exist (give one with -c/--config or "
+                                         f"${CONFIG_ENV})")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([ConfigProblem(str(file), None, "(file)",
+                                         f"cannot be read: {exc}")]) from None
+    return parse_config(text, str(file))

@@ -1,0 +1,48 @@
+"""The CLI starts light: nothing a command does not use is imported (issue 26).
+
+``kvagent --version`` and a command's start import click, the standard library and
+kvagent's own small modules (errors, logging set-up, the config file's path); structlog,
+YAML, the config model, nvmet and the health stack come with the commands that use them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+#: Imported by no command's start; each costs more than the interpreter's own start
+#: (structlog with rich: about 2x a bare ``python -c pass``).
+HEAVY = ("structlog", "rich", "yaml", "agent.config.model", "agent.config.load", "nvmet",
+         "prometheus_client", "pyudev", "tenacity", "agent.health", "agent.reconcile")
+
+PROBE = """
+import json, sys
+from click.testing import CliRunner
+from agent.cli.main import main
+result = CliRunner().invoke(main, sys.argv[1:])
+assert result.exit_code == 0, result.output
+print(json.dumps(sorted(m for m in sys.modules)))
+"""
+
+
+def modules_after(*argv: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True,
+                         text=True, check=True).stdout
+    return set(json.loads(out))
+
+
+def heavy_in(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
+
+
+def test_version_imports_nothing_heavy() -> None:
+    assert heavy_in(modules_after("--version")) == []
+
+
+def test_a_command_still_gets_what_it_uses() -> None:
+    """The probe sees heavy imports where they happen: validating a config loads the model."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "storage-host.yaml"
+    modules = modules_after("config", "validate", str(example))
+    assert {"agent.config.model", "yaml"} <= modules

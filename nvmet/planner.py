@@ -36,7 +36,8 @@ from .model import (
     ns_shape,
 )
 from .nqn import InvalidNQN, validate_nqn
-from .reader import FEATURE_NAMES, Features
+from .readbase import Features
+from .reader import FEATURE_NAMES
 
 OPS = ("mkdir", "rmdir", "write", "symlink", "unlink")
 MAX_NSID = 0xFFFFFFFE

@@ -1,15 +1,10 @@
-"""Read the live nvmet tree, and detect kernel features, from any :class:`ConfigFS`.
+"""The full read of the live nvmet tree, and feature detection, from any :class:`ConfigFS`.
 
-Two ways to read, both live every time (nothing is cached between reads):
-
-* the full read (``read(fs)``): every attribute file, found by listing directories
-  (like nvmetcli's globbing), so attributes that newer kernels add are read without
-  code changes — for ``kvagent target show`` and nvmetcli export;
-* the planner's read (``read(fs, spec=read_spec(desired, features))``): only the files a
-  :class:`~nvmet.readspec.ReadSpec` names (what the planner needs plus what the desired
-  tree mentions), one open/read/close per file and one listing per directory that holds
-  objects or links — the converged pass's cost. Attributes outside the spec are absent
-  from the result (``None`` for a namespace's fields, ``""`` for an unread ANA state).
+The full read (:func:`read`) reads every attribute file, found by listing directories
+(like nvmetcli's globbing), so attributes that newer kernels add are read without code
+changes — for ``kvagent target show`` and nvmetcli export. It is live every time (nothing
+is cached between reads). The planner's narrower read is :mod:`nvmet.specread`;
+:func:`nvmet.read` (:mod:`nvmet.liveread`) picks one of the two.
 
 A failed read raises :class:`~nvmet.errors.ReadError`; it never returns a partial or
 empty tree.
@@ -17,18 +12,13 @@ empty tree.
 
 from __future__ import annotations
 
-import errno as E
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .configfs import ConfigFS, Entry, join
-from .errors import NvmetUnavailable, ReadError
+from .errors import ReadError
 from .model import FrozenMap, Host, Namespace, Port, Referral, Subsystem, Tree
-
-if TYPE_CHECKING:
-    from .readspec import ReadSpec
+from .readbase import Features, check_available, decimal_name, prefixed, read_error
 
 #: Where the planner looks for an attribute: object kind -> file-name list source.
 KINDS = ("host", "subsystem", "namespace", "port", "referral", "ana_group")
@@ -49,19 +39,6 @@ FEATURE_NAMES: dict[str, str] = {
 
 #: Name used for the temporary objects of ``features(..., probe=True)`` (an .invalid domain).
 PROBE_NQN = "nqn.2024-01.invalid.nvmet-feature-probe:probe"
-NOT_LOADED_HINT = ("load the target driver and mount configfs: 'modprobe nvmet' (and "
-                   "nvmet-tcp / nvmet-rdma), 'mount -t configfs none /sys/kernel/config'")
-
-
-def read_error(path: str, exc: OSError) -> ReadError:
-    """The ReadError for a failed read at ``path`` (or at the relative path ``exc`` names:
-    ``read_attrs`` and ``children`` name the file that failed)."""
-    if isinstance(exc.filename, str) and exc.filename and not exc.filename.startswith("/"):
-        path = exc.filename
-    return ReadError(f"cannot read nvmet configfs at {path or '.'}: "
-                     f"{exc.strerror or exc} ({E.errorcode.get(exc.errno or -1, '?')})",
-                     errno=exc.errno, path=path, op="read",
-                     hint="the live state is unknown; nothing was changed")
 
 
 @contextmanager
@@ -87,31 +64,6 @@ def _files(fs: ConfigFS, path: str, entries: list[Entry]) -> dict[str, str]:
     return out
 
 
-def _number(name: str, what: str, parent: str) -> int:
-    """``name`` (listed in directory ``parent``) as a plain decimal number."""
-    if not (name.isascii() and name.isdigit()) or str(int(name)) != name:
-        path = join(parent, name)
-        raise ReadError(f"{what} directory {path!r} is not a plain decimal number",
-                        path=path, op="read",
-                        hint="rename it (rmdir and mkdir with a decimal name); it was not "
-                             "created by this library")
-    return int(name)
-
-
-def check_available(fs: ConfigFS) -> None:
-    """Raise :class:`NvmetUnavailable` unless the nvmet root with its three groups exists."""
-    try:
-        names = {e.name for e in fs.list("") if e.kind == "dir"}
-    except OSError as exc:
-        raise NvmetUnavailable(f"the nvmet configfs tree is not available ({fs!r}): "
-                               f"{exc.strerror or exc}", errno=exc.errno, path="",
-                               hint=NOT_LOADED_HINT) from exc
-    missing = {"hosts", "ports", "subsystems"} - names
-    if missing:
-        raise NvmetUnavailable(f"the nvmet configfs tree ({fs!r}) lacks {sorted(missing)}",
-                               path="", hint=NOT_LOADED_HINT)
-
-
 def read_namespace(fs: ConfigFS, path: str, nsid: int) -> Namespace:
     """One namespace directory."""
     return Namespace.from_files(nsid, _files(fs, path, _list(fs, path)))
@@ -128,19 +80,16 @@ def read_subsystem(fs: ConfigFS, nqn: str) -> Subsystem:
     for e in _list(fs, ns_root):
         if e.kind == "dir":
             p = join(ns_root, e.name)
-            namespaces.append(read_namespace(fs, p, _number(e.name, "namespace", ns_root)))
+            nsid = decimal_name(e.name, "namespace", ns_root)
+            namespaces.append(read_namespace(fs, p, nsid))
     hosts = [e.name for e in _list(fs, join(path, "allowed_hosts")) if e.kind == "link"]
     return Subsystem(nqn=nqn, attrs=attrs, namespaces=namespaces, allowed_hosts=frozenset(hosts))
-
-
-def _prefixed(files: Mapping[str, str], prefix: str) -> dict[str, str]:
-    return {k[len(prefix):]: v for k, v in files.items() if k.startswith(prefix)}
 
 
 def read_port(fs: ConfigFS, name: str) -> Port:
     """One port with its links, ANA groups and referrals."""
     path = join("ports", name)
-    port_id = _number(name, "port", "ports")
+    port_id = decimal_name(name, "port", "ports")
     files = _files(fs, path, _list(fs, path))
     links = [e.name for e in _list(fs, join(path, "subsystems")) if e.kind == "link"]
     groups: dict[int, str] = {}
@@ -149,8 +98,8 @@ def read_port(fs: ConfigFS, name: str) -> Port:
             if e.kind == "dir":
                 gpath = join(path, "ana_groups", e.name)
                 gfiles = _files(fs, gpath, _list(fs, gpath))
-                groups[_number(e.name, "ANA group", join(path, "ana_groups"))] = gfiles.get(
-                    "ana_state", "")
+                gid = decimal_name(e.name, "ANA group", join(path, "ana_groups"))
+                groups[gid] = gfiles.get("ana_state", "")
     referrals = []
     if fs.exists(join(path, "referrals")):
         for e in _list(fs, join(path, "referrals")):
@@ -158,21 +107,17 @@ def read_port(fs: ConfigFS, name: str) -> Port:
                 rpath = join(path, "referrals", e.name)
                 rfiles = _files(fs, rpath, _list(fs, rpath))
                 enable = rfiles.get("enable")
-                referrals.append(Referral(name=e.name, addr=_prefixed(rfiles, "addr_"),
+                referrals.append(Referral(name=e.name, addr=prefixed(rfiles, "addr_"),
                                           enable=None if enable is None else enable == "1"))
-    return Port(id=port_id, addr=_prefixed(files, "addr_"), params=_prefixed(files, "param_"),
+    return Port(id=port_id, addr=prefixed(files, "addr_"), params=prefixed(files, "param_"),
                 subsystems=frozenset(links), ana_groups=groups, referrals=referrals)
 
 
-def read(fs: ConfigFS, spec: ReadSpec | None = None) -> Tree:
-    """The live tree: every attribute (``spec`` None), or only the files ``spec`` names.
+def read(fs: ConfigFS) -> Tree:
+    """The live tree with every attribute file (the planner's read by spec: :func:`nvmet.read`).
 
     Raises NvmetUnavailable (no nvmet) or ReadError (any failure).
     """
-    if spec is not None:
-        from .specread import read_planned
-
-        return read_planned(fs, spec)
     check_available(fs)
     hosts = []
     for e in _list(fs, "hosts"):
@@ -182,40 +127,6 @@ def read(fs: ConfigFS, spec: ReadSpec | None = None) -> Tree:
     subsystems = [read_subsystem(fs, e.name) for e in _list(fs, "subsystems") if e.kind == "dir"]
     ports = [read_port(fs, e.name) for e in _list(fs, "ports") if e.kind == "dir"]
     return Tree(hosts=hosts, subsystems=subsystems, ports=ports)
-
-
-@dataclass(frozen=True)
-class Features:
-    """Attribute files this kernel offers, per object kind (``None`` = not known: no object
-    of that kind existed to look at). Detected by file presence, never by version."""
-
-    kernel: str | None = None
-    files: Mapping[str, frozenset[str] | None] = field(default_factory=FrozenMap)
-
-    def has(self, kind: str, attribute: str) -> bool | None:
-        """True/False when known, None when no object of ``kind`` could be inspected."""
-        known = self.files.get(kind)
-        return None if known is None else attribute in known
-
-    @property
-    def dhchap(self) -> bool | None:
-        """DH-HMAC-CHAP (NVME_TARGET_AUTH): hosts have dhchap_key."""
-        return self.has("host", "dhchap_key")
-
-    @property
-    def tsas(self) -> bool | None:
-        """Transport-specific address subtype (TLS): ports have addr_tsas."""
-        return self.has("port", "addr_tsas")
-
-    @property
-    def reservations(self) -> bool | None:
-        """Persistent reservations: namespaces have resv_enable."""
-        return self.has("namespace", "resv_enable")
-
-    @property
-    def qid_max(self) -> bool | None:
-        """Per-subsystem queue limit: subsystems have attr_qid_max."""
-        return self.has("subsystem", "attr_qid_max")
 
 
 def _children(fs: ConfigFS, path: str) -> tuple[list[str], list[str], list[str]]:

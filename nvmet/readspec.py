@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from .model import Tree, ns_shape
-from .reader import Features
+from .readbase import Features
 
 #: The planner's own needs, whatever the desired tree says (see the module docstring).
 PLANNER_FILES: dict[str, frozenset[str]] = {
@@ -34,7 +34,7 @@ PLANNER_FILES: dict[str, frozenset[str]] = {
     "ana_groups": frozenset(),
     "referrals": frozenset(),
 }
-#: ReadSpec field -> the object kind :class:`~nvmet.reader.Features` uses.
+#: ReadSpec field -> the object kind :class:`~nvmet.readbase.Features` uses.
 FEATURE_KIND = {"hosts": "host", "subsystems": "subsystem", "namespaces": "namespace",
                 "ports": "port", "ana_groups": "ana_group", "referrals": "referral"}
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from .configfs import ConfigFS, join
 from .model import Host, Namespace, Port, Referral, Subsystem, Tree
-from .reader import _number, _prefixed, check_available, read_error
+from .readbase import check_available, decimal_name, prefixed, read_error
 from .readspec import ReadSpec
 
 
@@ -58,8 +58,8 @@ def _subsystems(fs: ConfigFS, spec: ReadSpec) -> list[Subsystem]:
     for nqn, sub_files, (ns_root, names), ns_files, allowed in zip(
             nqns, attrs, jobs, files, hosts, strict=True):
         nsids = [int(n) if n.isascii() and n.isdigit() and n[0] != "0" else
-                 _number(n, "namespace", ns_root) for n in names]
-        out.append(Subsystem(nqn=nqn, attrs=_prefixed(sub_files, "attr_"),
+                 decimal_name(n, "namespace", ns_root) for n in names]
+        out.append(Subsystem(nqn=nqn, attrs=prefixed(sub_files, "attr_"),
                              namespaces=[from_files(nsid, f)
                                          for nsid, f in zip(nsids, ns_files, strict=True)],
                              allowed_hosts=frozenset(allowed)))
@@ -68,26 +68,26 @@ def _subsystems(fs: ConfigFS, spec: ReadSpec) -> list[Subsystem]:
 
 def _referral(name: str, files: dict[str, str]) -> Referral:
     enable = files.get("enable")
-    return Referral(name=name, addr=_prefixed(files, "addr_"),
+    return Referral(name=name, addr=prefixed(files, "addr_"),
                     enable=None if enable is None else enable == "1")
 
 
 def _port(fs: ConfigFS, name: str, spec: ReadSpec) -> Port:
     path = join("ports", name)
-    port_id = _number(name, "port", "ports")
+    port_id = decimal_name(name, "port", "ports")
     files = _attrs(fs, path, spec.ports)
     links = _children(fs, f"{path}/subsystems")[1]
     groups: dict[int, str] = {}
     if fs.exists(f"{path}/ana_groups"):
         for g in _children(fs, f"{path}/ana_groups")[0]:
             gpath = f"{path}/ana_groups/{g}"
-            groups[_number(g, "ANA group", f"{path}/ana_groups")] = _attrs(
+            groups[decimal_name(g, "ANA group", f"{path}/ana_groups")] = _attrs(
                 fs, gpath, spec.ana_groups).get("ana_state", "")
     referrals = []
     if fs.exists(f"{path}/referrals"):
         for r in _children(fs, f"{path}/referrals")[0]:
             referrals.append(_referral(r, _attrs(fs, f"{path}/referrals/{r}", spec.referrals)))
-    return Port(id=port_id, addr=_prefixed(files, "addr_"), params=_prefixed(files, "param_"),
+    return Port(id=port_id, addr=prefixed(files, "addr_"), params=prefixed(files, "param_"),
                 subsystems=frozenset(links), ana_groups=groups, referrals=referrals)
 
 
@@ -122,7 +122,7 @@ def read_more(fs: ConfigFS, live: Tree, have: ReadSpec, want: ReadSpec) -> Tree:
     subsystems = []
     for nqn, sub in live.subsystems.items():
         path = join("subsystems", nqn)
-        attrs = {**sub.attrs, **_prefixed(_attrs(fs, path, more.subsystems), "attr_")}
+        attrs = {**sub.attrs, **prefixed(_attrs(fs, path, more.subsystems), "attr_")}
         namespaces = [ns if not more.namespaces else
                       _more_namespace(fs, f"{path}/namespaces/{nsid}", ns, more.namespaces)
                       for nsid, ns in sub.namespaces.items()]
@@ -139,8 +139,8 @@ def read_more(fs: ConfigFS, live: Tree, have: ReadSpec, want: ReadSpec) -> Tree:
         if refs is not None and more.referrals:
             refs = [_more_referral(fs, f"{path}/referrals/{n}", r, more.referrals)
                     for n, r in refs.items()]
-        ports.append(replace(port, addr={**port.addr, **_prefixed(files, "addr_")},
-                             params={**port.params, **_prefixed(files, "param_")},
+        ports.append(replace(port, addr={**port.addr, **prefixed(files, "addr_")},
+                             params={**port.params, **prefixed(files, "param_")},
                              ana_groups=groups, referrals=refs))
     return Tree(hosts=hosts, subsystems=subsystems, ports=ports)
 

@@ -21,10 +21,11 @@ from agent.cli.main import main
 from nvmet.applier import apply
 from nvmet.configfs import RealConfigFS
 from nvmet.ids import namespace_nguid, namespace_uuid
+from nvmet.liveread import read
 from nvmet.model import Host, Namespace, Port, Referral, Subsystem, Tree
 from nvmet.nvmetcli import loads
 from nvmet.planner import Scope, plan
-from nvmet.reader import features, read
+from nvmet.reader import features
 from nvmet.readspec import ReadSpec, read_spec
 from tests.unit.nvmet.errno_table import wipe
 from tests.unit.nvmet.test_specread import project

@@ -17,9 +17,10 @@ from nvmet.applier import apply
 from nvmet.configfs import RealConfigFS
 from nvmet.errors import FeatureMissing, ReadError
 from nvmet.fake import KERNEL_6_1, KERNEL_NEWER, FakeConfigFS
+from nvmet.liveread import read
 from nvmet.model import NS_DISABLED_ONLY, Host, Namespace, Port, Referral, Subsystem, Tree
 from nvmet.planner import Scope, plan
-from nvmet.reader import features, read
+from nvmet.reader import features
 from nvmet.readspec import ReadSpec, read_spec
 from nvmet.specread import read_more
 

@@ -130,7 +130,7 @@ def test_udev_events_attach_a_new_namespace_and_show_a_lost_controller(lab: Lab)
             code, _, err = cli(storage, "apply")
             assert code == 0, err
             applied = time.monotonic()
-            kit.wait_for(lambda: len(mounted(lab)) == 2 + trial, 120, interval=0.05,
+            kit.wait_for(lambda n=2 + trial: len(mounted(lab)) == n, 120, interval=0.05,
                          what=f"namespace {2 + trial} mounted by the agent")
             latencies.append(time.monotonic() - applied)
         ci_log("events: a namespace added on the storage host, mounted on the GPU host "

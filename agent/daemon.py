@@ -5,7 +5,8 @@ noticing what has no events: a hand-made change in configfs, a dropped netlink e
 a collect on ``health.interval``; a pass that failed is tried again after
 ``health.interval``. Between them, events drive the work (:mod:`agent.events`): udev
 events for NVMe controllers and namespaces make a collect at once and, with initiator
-pools, an attach pass over them (never a detach; a storm is one batch). SIGHUP
+pools, an attach pass over them (never a detach; a storm is one batch); a watch of the
+controllers' states in sysfs does the same for a dropped connection. SIGHUP
 re-reads the config (an invalid one keeps the old config running and is
 reported) and runs a pass; SIGTERM/SIGINT stop the pass at its next step boundary
 (the command in flight is killed; :mod:`agent.progress`) and the loop, and NEVER
@@ -37,12 +38,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from . import daemonfiles, progress
 from .config import Config, ConfigError, load_config
 from .errors import KvagentError
-from .events import Batch, Batcher, DeviceEvent, UdevFeed
+from .events import Batch, Batcher, ControllerWatch, DeviceEvent, UdevFeed
 from .health import notify
 from .health.collect import collect
 from .health.metrics import write_textfile
@@ -326,6 +328,8 @@ class Agent:
             raise
         udev = UdevFeed(self.events)
         udev.start()
+        watch = ControllerWatch(self.events, Path(self.cfg.node.sysfs))
+        watch.start()
         progress.beat()
         supervisor = WatchdogSupervisor(self.notifier).start()
         try:
@@ -336,6 +340,7 @@ class Agent:
             supervisor.stop()
             self.notifier.stopping()
             udev.stop()
+            watch.stop()
             if self.server is not None:
                 self.server.shutdown()
             daemonfiles.clear_busy(self.run_dir)

@@ -10,6 +10,12 @@ pools, run a targeted attach pass (:func:`agent.reconcile.run_pass` with
 side. Everything else on the host (loop, dm, sd devices; events of kvagent's own
 mkfs/mount) is ignored or folded into the same batch.
 
+A controller that loses its connection sends no event while it reconnects (the kernel
+emits ``NVME_EVENT=connected`` when it is back, nothing when it drops), so
+:class:`ControllerWatch` reads each controller's ``state`` in sysfs every
+:data:`WATCH_PERIOD` seconds (a few tiny reads, no command) and puts a ``controller``
+event on a change: a lost controller shows in status and metrics within a second.
+
 A storm is one batch: :class:`Batcher` waits until the events stop for
 :data:`QUIET` seconds (at most :data:`LONGEST` after the first), so 256 events make
 one collect and one pass. Netlink can drop events (its buffer overflows under a
@@ -18,10 +24,13 @@ storm): the full pass on ``health.full_interval`` bounds what a lost event can h
 
 from __future__ import annotations
 
+import os
 import queue
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .log import get_logger
@@ -83,6 +92,9 @@ class Batch:
             kinds[e.kind] = kinds.get(e.kind, 0) + 1
         return kinds
 
+
+#: How often :class:`ControllerWatch` reads the controllers' states.
+WATCH_PERIOD = 0.5
 
 #: At most this many events are kept per batch (the rest only counted).
 BATCH_KEEP = 64
@@ -163,3 +175,56 @@ class UdevFeed:
     def stop(self) -> None:
         if self._observer is not None:
             self._observer.send_stop()
+
+
+def controller_states(sysfs: Path) -> dict[str, str]:
+    """Each NVMe controller's state (``live``, ``connecting``...) from ``<sysfs>/class/nvme``."""
+    states: dict[str, str] = {}
+    try:
+        names = os.listdir(sysfs / "class" / "nvme")
+    except OSError:
+        return states
+    for name in names:
+        if not (name.startswith("nvme") and name[4:].isdigit()):
+            continue
+        try:
+            with open(sysfs / "class" / "nvme" / name / "state") as f:
+                states[name] = f.read(64).strip()
+        except OSError:
+            continue  # gone meanwhile: its remove event says so
+    return states
+
+
+class ControllerWatch:
+    """Puts a ``controller`` :class:`DeviceEvent` on the loop's queue when a controller's
+    state changes (the kernel sends no event when a connection drops)."""
+
+    def __init__(self, events: queue.SimpleQueue[Any], sysfs: Path, *,
+                 period: float = WATCH_PERIOD):
+        self.events, self.sysfs, self.period = events, sysfs, period
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self, last: dict[str, str]) -> dict[str, str]:
+        """One look: an event per controller whose state differs from ``last`` (a new
+        or a gone controller has its own udev event)."""
+        now = controller_states(self.sysfs)
+        for name, state in sorted(now.items()):
+            if name in last and last[name] != state:
+                self.events.put(DeviceEvent("controller", f"state {state}", name))
+        return now
+
+    def _run(self) -> None:
+        last = controller_states(self.sysfs)
+        while not self._stop.wait(self.period):
+            last = self.check(last)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="kvagent-ctrl-watch",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

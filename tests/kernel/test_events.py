@@ -9,8 +9,9 @@ it does within the test, udev events made it do.
   attach pass makes its filesystem and mounts it, seconds after the storage apply
   (each trial's latency is printed for the CI log).
 - The pool's port taken away on the storage host: the controller drops and reconnects
-  in vain; the controller's uevents make the agent collect, and ``kvagent status`` (read
-  live) and /metrics show the pool degraded without waiting for an interval.
+  in vain (the kernel sends no uevent for that); the agent's controller watch sees its
+  state change, the agent collects, and /readyz shows the pool not ready without
+  waiting for an interval.
 """
 
 from __future__ import annotations

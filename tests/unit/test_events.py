@@ -159,3 +159,28 @@ def test_device_events_without_initiator_pools_only_collect(
         thread.join(timeout=30)
     assert passes == [{}]  # only the first pass
     assert agent.counters.device_batches == 1
+
+
+def test_the_watch_sees_a_controller_lose_its_connection(tmp_path: Path) -> None:
+    """The kernel sends no uevent when a connection drops: the watch reads the states."""
+    from agent.events import ControllerWatch, controller_states
+
+    base = tmp_path / "class" / "nvme"
+    for name, state in (("nvme0", "live"), ("nvme1", "live")):
+        (base / name).mkdir(parents=True)
+        (base / name / "state").write_text(state + "\n")
+    (base / "nvme-fabrics").mkdir()  # not a controller
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    watch = ControllerWatch(events, tmp_path)
+    last = controller_states(tmp_path)
+    assert last == {"nvme0": "live", "nvme1": "live"}
+    assert watch.check(last) == last and events.empty()  # nothing changed: no event
+    (base / "nvme1" / "state").write_text("connecting\n")
+    (base / "nvme2").mkdir()
+    (base / "nvme2" / "state").write_text("new\n")  # a new one has its own udev event
+    last = watch.check(last)
+    assert events.get_nowait() == DeviceEvent("controller", "state connecting", "nvme1")
+    assert events.empty()
+    (base / "nvme1" / "state").write_text("live\n")
+    watch.check(last)
+    assert events.get_nowait() == DeviceEvent("controller", "state live", "nvme1")

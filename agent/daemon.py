@@ -399,15 +399,16 @@ class Agent:
                     self.store.set(snap.ticked(taken_at=time.time(), tick_at=self.clock()))
 
     def _on_devices(self, batch: Batch, schedule: Schedule) -> None:
-        """A batch of udev events: collect at once (a lost controller shows now), then
-        attach the initiator pools (a new namespace is mounted and handed off)."""
+        """A batch of device events: collect at once (a lost controller shows now), then,
+        when something appeared, attach the initiator pools (a new namespace is mounted
+        and handed off)."""
         self.counters = dataclasses.replace(
             self.counters, device_events=self.counters.device_events + batch.count,
             device_batches=self.counters.device_batches + 1)
         log.info("device events", events=batch.count, kinds=batch.summary())
         self.collect()
         pools = tuple(p.name for p in self.cfg.initiator.pools) if self.cfg.initiator else ()
-        if pools:
+        if pools and batch.something_appeared:
             outcome = self.reconcile(attach_only=pools)
             schedule.passed(self.clock(), self.cfg, full=False, ok=_ok(outcome))
         else:

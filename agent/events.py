@@ -86,11 +86,27 @@ class Batch:
     def count(self) -> int:
         return len(self.events) + self.dropped
 
+    @property
+    def something_appeared(self) -> bool:
+        """Whether an attach pass may find work: a namespace or controller added or
+        changed, a controller back (``connected``, ``live``), an AEN; not when things only
+        went away or a connection dropped (a collect shows that; the attach pass would
+        only wait on a reconnecting controller). Events not kept count as appearing."""
+        return self.dropped > 0 or any(_appeared(e) for e in self.events)
+
     def summary(self) -> dict[str, int]:
         kinds: dict[str, int] = {}
         for e in self.events:
             kinds[e.kind] = kinds.get(e.kind, 0) + 1
         return kinds
+
+
+def _appeared(event: DeviceEvent) -> bool:
+    if event.kind == "aen":
+        return True
+    if event.action.startswith("state "):
+        return event.action == "state live"
+    return event.action in ("add", "change")
 
 
 #: How often :class:`ControllerWatch` reads the controllers' states.

@@ -184,3 +184,44 @@ def test_the_watch_sees_a_controller_lose_its_connection(tmp_path: Path) -> None
     (base / "nvme1" / "state").write_text("live\n")
     watch.check(last)
     assert events.get_nowait() == DeviceEvent("controller", "state live", "nvme1")
+
+
+@pytest.mark.parametrize(("events", "dropped", "expected"), [
+    ([DeviceEvent("namespace", "add", "nvme0n2")], 0, True),
+    ([DeviceEvent("namespace", "change", "nvme0n1")], 0, True),
+    ([DeviceEvent("aen", "change", "nvme0")], 0, True),
+    ([DeviceEvent("controller", "add", "nvme3")], 0, True),
+    ([DeviceEvent("controller", "change", "nvme3")], 0, True),  # NVME_EVENT=connected
+    ([DeviceEvent("controller", "state live", "nvme3")], 0, True),
+    ([DeviceEvent("controller", "state connecting", "nvme3")], 0, False),
+    ([DeviceEvent("controller", "remove", "nvme3"),
+      DeviceEvent("namespace", "remove", "nvme3n1")], 0, False),
+    ([DeviceEvent("controller", "state connecting", "nvme3")], 5, True),  # some not kept
+])
+def test_an_attach_pass_only_when_something_appeared(events: list[DeviceEvent], dropped: int,
+                                                     expected: bool) -> None:
+    from agent.events import Batch
+
+    assert Batch(events, dropped).something_appeared is expected
+
+
+def test_a_dropped_connection_collects_without_an_attach_pass(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = gpu_config(tmp_path)
+    agent = Agent(str(config), load_config(config), runner=FakeRunner(),
+                  notifier=Notifier(env={}))
+    passes: list[object] = []
+    collected = threading.Event()
+    monkeypatch.setattr(agent, "reconcile",
+                        lambda **kw: passes.append(kw) or RunResult(dry_run=False))
+    real_collect = agent.collect
+    monkeypatch.setattr(agent, "collect", lambda: (collected.set(), real_collect())[1])
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        agent.events.put(DeviceEvent("controller", "state connecting", "nvme0"))
+        assert collected.wait(30)
+    finally:
+        agent.events.put("stop")
+        thread.join(timeout=30)
+    assert passes == [{}]  # the first pass only

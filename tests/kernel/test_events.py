@@ -31,7 +31,7 @@ from agent.cli.main import main
 
 from . import kit
 from .crash import ci_log
-from .pools import KVAGENT, Lab, mount_tmpfs, umount_all_under
+from .pools import DRIVES, KVAGENT, Lab, umount_all_under
 from .test_cli_daemon import metric
 from .test_daemon import free_port, get
 
@@ -50,7 +50,7 @@ target:
   pools:
     - name: kv
       backing: {{kind: file, directory: {lab.root}/files, buffered_io: true}}
-      namespaces: {{count: {count}, size: 64MiB}}
+      namespaces: {{count: {count}, size: 320MiB}}
       ports: [lo]
       hosts: [{{name: lab, nqn: "{lab.hostnqn}"}}]
 """)
@@ -103,13 +103,18 @@ def gpu_agent(config: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 @pytest.fixture
 def lab(tmp_path: Path):
+    """The file pool on an ext4 over a test drive (xfs wants 300 MiB per namespace: more
+    than a tmpfs in the VM's memory holds); the drive is wiped afterwards."""
     lab = Lab(tmp_path)
-    mount_tmpfs(tmp_path / "files", "400m")
+    (tmp_path / "files").mkdir()
+    kit.sh("mkfs.ext4", "-q", "-F", DRIVES[1], timeout=120)
+    kit.sh("mount", DRIVES[1], str(tmp_path / "files"))
     yield lab
     umount_all_under(tmp_path / "mnt")
     kit.sh("nvme", "disconnect-all", check=False)
     umount_all_under(tmp_path)
     kit.force_clean()
+    kit.sh("wipefs", "-a", "-q", DRIVES[1], check=False)
 
 
 def test_udev_events_attach_a_new_namespace_and_show_a_lost_controller(lab: Lab) -> None:

@@ -112,8 +112,8 @@ def lab(tmp_path: Path):
     yield lab
     umount_all_under(tmp_path / "mnt")
     kit.sh("nvme", "disconnect-all", check=False)
+    kit.force_clean()  # nvmet lets go of the pool's files
     umount_all_under(tmp_path)
-    kit.force_clean()
     kit.sh("wipefs", "-a", "-q", DRIVES[1], check=False)
 
 

@@ -1,8 +1,12 @@
 """``kvagent run``: the long-running agent.
 
-A reconcile pass at start, then on an interval; a health collect on udev
-events for nvme and block devices (a pyudev monitor feeds the loop; the
-periodic pass is the full resync, since netlink can drop events); SIGHUP
+A full reconcile pass at start, then on ``health.full_interval`` (the bound on
+noticing what has no events: a hand-made change in configfs, a dropped netlink event);
+a collect on ``health.interval``; a pass that failed is tried again after
+``health.interval``. Between them, events drive the work (:mod:`agent.events`): udev
+events for NVMe controllers and namespaces make a collect at once and, with initiator
+pools, an attach pass over them (never a detach; a storm is one batch); a watch of the
+controllers' states in sysfs does the same for a dropped connection. SIGHUP
 re-reads the config (an invalid one keeps the old config running and is
 reported) and runs a pass; SIGTERM/SIGINT stop the pass at its next step boundary
 (the command in flight is killed; :mod:`agent.progress`) and the loop, and NEVER
@@ -13,7 +17,8 @@ a supervisor thread while the agent makes progress (:mod:`agent.health.watchdog`
 
 An exception kvagent does not expect, in a pool or escaping a whole pass, fails that
 pool or pass only: it is logged with its traceback, counted
-(``kvagent_apply_unexpected_errors_total``) and the next interval tries again.
+(``kvagent_apply_unexpected_errors_total``) and the retry after ``health.interval``
+tries again.
 
 The agent records its pid and config file in ``node.run_dir``
 (:mod:`agent.daemonfiles`) so that ``kvagent apply`` asks it to reload (an apply
@@ -33,11 +38,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from . import daemonfiles, progress
 from .config import Config, ConfigError, load_config
 from .errors import KvagentError
+from .events import Batch, Batcher, ControllerWatch, DeviceEvent, UdevFeed
 from .health import notify
 from .health.collect import collect
 from .health.metrics import write_textfile
@@ -51,8 +58,6 @@ from .result import UNEXPECTED_HINT, RunResult
 from .system.run import Runner, default_runner
 
 log = get_logger("daemon")
-#: Udev events closer together than this are handled by one collect.
-UDEV_DEBOUNCE = 0.5
 #: How long a thread that wants the GIL waits for the one running (Python's default: 5 ms).
 #: A pass is seconds of Python on a large host; an HTTP scrape needs the GIL back after
 #: each of its system calls, so at 5 ms a /metrics scrape during a pass waited ~10x
@@ -60,31 +65,27 @@ UDEV_DEBOUNCE = 0.5
 SWITCH_INTERVAL = 0.0005
 
 
-class UdevFeed:
-    """Puts ``"udev"`` on the loop's queue for nvme/block device events (if pyudev works)."""
+class Schedule:
+    """When the loop's timed work is due: the full pass, the collect, a retry."""
 
-    def __init__(self, events: queue.SimpleQueue[str]):
-        self.events = events
-        self._observer: Any = None
+    def __init__(self, now: float, cfg: Config):
+        self.full = now + cfg.health.full_interval
+        self.collect = now + cfg.health.interval
+        self.retry: float | None = None
 
-    def start(self) -> None:
-        try:
-            import pyudev
+    def next_due(self) -> float:
+        return min(t for t in (self.full, self.collect, self.retry) if t is not None)
 
-            context = pyudev.Context()
-            monitor = pyudev.Monitor.from_netlink(context)
-            monitor.filter_by("block")
-            monitor.filter_by("nvme")
-            self._observer = pyudev.MonitorObserver(
-                monitor, callback=lambda device: self.events.put("udev"), name="kvagent-udev")
-            self._observer.start()
-        except Exception as exc:  # no udev: the interval resync still runs
-            log.warning("udev monitor unavailable; relying on the interval", error=str(exc))
-            self._observer = None
+    def passed(self, now: float, cfg: Config, *, full: bool, ok: bool) -> None:
+        """A pass ran (``full``: over everything): the next full pass and the collect move
+        on; a failed pass is tried again after ``health.interval``."""
+        if full:
+            self.full = now + cfg.health.full_interval
+        self.collect = now + cfg.health.interval
+        self.retry = None if ok else now + cfg.health.interval
 
-    def stop(self) -> None:
-        if self._observer is not None:
-            self._observer.send_stop()
+    def collected(self, now: float, cfg: Config) -> None:
+        self.collect = now + cfg.health.interval
 
 
 class Agent:
@@ -125,16 +126,18 @@ class Agent:
         self.events.put("stop")
 
     # ------------------------------------------------------------------- steps
-    def reconcile(self, *, wait_for_lock: bool = False,
-                  rebind: tuple[str, ...] = ()) -> RunResult | KvagentError:
+    def reconcile(self, *, wait_for_lock: bool = False, rebind: tuple[str, ...] = (),
+                  attach_only: tuple[str, ...] | None = None) -> RunResult | KvagentError:
         """One apply pass (never raises) and a fresh snapshot; returns the pass's outcome.
 
-        ``wait_for_lock`` and ``rebind`` come from ``kvagent apply`` requests (this pass only).
+        ``wait_for_lock`` and ``rebind`` come from ``kvagent apply`` requests (this pass
+        only); ``attach_only`` makes it an attach pass over those initiator pools.
         """
         started = time.time()
         try:
             result = run_pass(self.cfg, dry_run=False, runner=self.runner,
-                              wait_for_lock=wait_for_lock, rebind=rebind)
+                              wait_for_lock=wait_for_lock, rebind=rebind,
+                              attach_only=attach_only)
         except progress.Stopping:
             log.warning("pass stopped at a step boundary: the agent is stopping; the next "
                         "start finishes it", seconds=round(time.time() - started, 1))
@@ -234,8 +237,9 @@ class Agent:
                              + (f", not ready: {', '.join(not_ready)}" if not_ready else ""))
         return snap
 
-    def reload(self) -> None:
-        """Re-read the config and run a pass; keep the old config when the new one is invalid.
+    def reload(self) -> RunResult | KvagentError | None:
+        """Re-read the config and run a pass; keep the old config when the new one is invalid
+        (then no pass runs: None).
 
         Answers every pending ``kvagent apply`` request with the outcome: the pass's
         result, its error, or the config's problems.
@@ -255,7 +259,7 @@ class Agent:
                          {"config_error": [str(p) for p in exc.problems]})
             self.collect()
             self.notifier.ready()
-            return
+            return None
         old_listen = self.cfg.health.listen
         self.cfg = new
         self.config_error = None
@@ -277,6 +281,7 @@ class Agent:
                                  "exit_code": outcome.exit_code}}
         self._answer(answer_dir, requests, payload)
         self.notifier.ready()
+        return outcome
 
     def _answer(self, run_dir: str, requests: list[daemonfiles.ApplyRequest],
                 payload: dict[str, Any]) -> None:
@@ -323,6 +328,8 @@ class Agent:
             raise
         udev = UdevFeed(self.events)
         udev.start()
+        watch = ControllerWatch(self.events, Path(self.cfg.node.sysfs))
+        watch.start()
         progress.beat()
         supervisor = WatchdogSupervisor(self.notifier).start()
         try:
@@ -333,6 +340,7 @@ class Agent:
             supervisor.stop()
             self.notifier.stopping()
             udev.stop()
+            watch.stop()
             if self.server is not None:
                 self.server.shutdown()
             daemonfiles.clear_busy(self.run_dir)
@@ -341,51 +349,71 @@ class Agent:
         return 0
 
     def _loop(self) -> None:
-        """The first pass, then events and intervals until a stop is requested."""
+        """The first pass, then events and timers until a stop is requested."""
         if progress.stop_requested():
             return
-        self.reconcile()
+        outcome = self.reconcile()
         self.notifier.ready()
         log.info("agent ready", pools=len(self.store.get().pools) if self.store.get() else 0)
-        next_pass = self.clock() + self.cfg.health.interval
+        schedule = Schedule(self.clock(), self.cfg)
+        schedule.passed(self.clock(), self.cfg, full=True, ok=_ok(outcome))
+        batcher = Batcher(self.events, clock=self.clock)
+        pending: Any = None  # what ended a batch of device events: handled next
         while True:
             progress.beat()  # the loop is alive (the watchdog supervisor reads it)
             # Wake often enough to beat within IDLE_BOUND and to keep /healthz fresh
             # (systemd's watchdog interval).
-            timeout = min(max(0.0, next_pass - self.clock()), progress.IDLE_BOUND / 3)
+            timeout = min(max(0.0, schedule.next_due() - self.clock()),
+                          progress.IDLE_BOUND / 3)
             wd = self.notifier.watchdog_interval()
             if wd:
                 timeout = min(timeout, wd / 2)
             try:
-                event = self.events.get(timeout=timeout)
+                event = pending if pending is not None else self.events.get(timeout=timeout)
             except queue.Empty:
                 event = "tick"
+            pending = None
             if event == "stop" or progress.stop_requested():
                 break
+            now = self.clock()
             if event == "reload":
-                self.reload()
-                next_pass = self.clock() + self.cfg.health.interval
-            elif event == "udev":
-                self._drain_udev()
-                self.collect()
-            elif self.clock() >= next_pass:
+                reloaded = self.reload()
+                if reloaded is not None:
+                    schedule.passed(self.clock(), self.cfg, full=True, ok=_ok(reloaded))
+            elif isinstance(event, DeviceEvent):
+                batch = batcher.gather(event)
+                pending = batch.next
+                self._on_devices(batch, schedule)
+            elif now >= schedule.full or (schedule.retry is not None and now >= schedule.retry):
                 # Observe first, then heal: an outage the pass repairs (an unlinked
                 # port, say) still shows in the snapshot while the pass runs.
                 self.collect()
-                self.reconcile()
-                next_pass = self.clock() + self.cfg.health.interval
+                outcome = self.reconcile()
+                schedule.passed(self.clock(), self.cfg, full=True, ok=_ok(outcome))
+            elif now >= schedule.collect:
+                self.collect()
+                schedule.collected(self.clock(), self.cfg)
             else:  # woke up for the watchdog only: keep /healthz fresh
                 snap = self.store.get()
                 if snap is not None:
                     self.store.set(snap.ticked(taken_at=time.time(), tick_at=self.clock()))
 
-    def _drain_udev(self) -> None:
-        deadline = time.monotonic() + UDEV_DEBOUNCE
-        while time.monotonic() < deadline:
-            try:
-                event = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                return
-            if event != "udev":
-                self.events.put(event)
-                return
+    def _on_devices(self, batch: Batch, schedule: Schedule) -> None:
+        """A batch of device events: collect at once (a lost controller shows now), then,
+        when something appeared, attach the initiator pools (a new namespace is mounted
+        and handed off)."""
+        self.counters = dataclasses.replace(
+            self.counters, device_events=self.counters.device_events + batch.count,
+            device_batches=self.counters.device_batches + 1)
+        log.info("device events", events=batch.count, kinds=batch.summary())
+        self.collect()
+        pools = tuple(p.name for p in self.cfg.initiator.pools) if self.cfg.initiator else ()
+        if pools and batch.something_appeared:
+            outcome = self.reconcile(attach_only=pools)
+            schedule.passed(self.clock(), self.cfg, full=False, ok=_ok(outcome))
+        else:
+            schedule.collected(self.clock(), self.cfg)
+
+
+def _ok(outcome: RunResult | KvagentError) -> bool:
+    return isinstance(outcome, RunResult) and outcome.ok

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 from .config import Config
@@ -19,13 +19,17 @@ log = get_logger("reconcile")
 
 def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
              wait_for_lock: bool = False, rebind: Iterable[str] = (),
-             on_lock_wait: Callable[[LockHolder | None], None] | None = None) -> RunResult:
+             on_lock_wait: Callable[[LockHolder | None], None] | None = None,
+             attach_only: Collection[str] | None = None) -> RunResult:
     """Plan (``dry_run``) or apply the config on this host; never raises for a failed action.
 
     ``rebind`` names target pools whose namespaces may move to other storage (with a
     new identity); see :class:`agent.target.reconcile.TargetPass`. An apply holds the
     apply lock (:func:`agent.lock.apply_lock`; ``on_lock_wait`` is called while
-    ``wait_for_lock`` waits for it).
+    ``wait_for_lock`` waits for it). ``attach_only``: an attach pass over those
+    initiator pools (connect, find, format blank devices, mount, hand off), what
+    ``kvagent run`` does on device events: nothing is detached or forgotten and the
+    storage side is not touched.
     """
     from .engines.handoff import forget, hand_off, leftover_pools
     from .initiator.reconcile import InitiatorPass, load_state
@@ -34,7 +38,25 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
     runner = runner or default_runner()
     result = RunResult(dry_run=dry_run)
 
+    def attach(initiator: InitiatorPass) -> None:
+        for mounted in initiator.attach_configured(only=attach_only):
+            # The engines' hand-off: its own step, after the pool is mounted.
+            try:
+                hand_off(cfg, mounted.pool, mounted.mounts, mounted.transport,
+                         mounted.remounted, result)
+            except (KvagentError, OSError) as exc:
+                result.error("initiator", mounted.pool.name,
+                             getattr(exc, "message", None) or str(exc),
+                             getattr(exc, "hint", None))
+            except Exception as exc:  # a bug: this pool's engines fail alone
+                log.error("unexpected error handing a pool to its engines",
+                          pool=mounted.pool.name, exc_info=exc)
+                result.unexpected("initiator", mounted.pool.name, exc)
+
     def passes() -> None:
+        if attach_only is not None:
+            attach(InitiatorPass(cfg, runner, result, dry_run=dry_run))
+            return
         # Detach before unexporting: on a host with both roles, a pool dropped from both
         # must be unmounted while its target still answers.
         initiator = InitiatorPass(cfg, runner, result, dry_run=dry_run)
@@ -48,19 +70,7 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
         except Exception as exc:  # a bug must not stop the GPU side from attaching
             log.error("unexpected error in the storage side's pass", exc_info=exc)
             result.unexpected("target", None, exc)
-        for mounted in initiator.attach_configured():
-            # The engines' hand-off: its own step, after the pool is mounted.
-            try:
-                hand_off(cfg, mounted.pool, mounted.mounts, mounted.transport,
-                         mounted.remounted, result)
-            except (KvagentError, OSError) as exc:
-                result.error("initiator", mounted.pool.name,
-                             getattr(exc, "message", None) or str(exc),
-                             getattr(exc, "hint", None))
-            except Exception as exc:  # a bug: this pool's engines fail alone
-                log.error("unexpected error handing a pool to its engines",
-                          pool=mounted.pool.name, exc_info=exc)
-                result.unexpected("initiator", mounted.pool.name, exc)
+        attach(initiator)
 
     if dry_run:
         passes()

@@ -21,7 +21,8 @@ from .output import emit
 @click.command("run")
 @click.pass_context
 def run(ctx: click.Context) -> None:
-    """Run the agent: apply at start and on an interval, serve /metrics, /healthz, /readyz.
+    """Run the agent: apply at start, on device events and on an interval; serve /metrics,
+    /healthz, /readyz.
 
     SIGHUP re-reads the config (a broken one is refused, the old one keeps
     running) and runs a pass; kvagent apply uses it too. SIGTERM kills the

@@ -721,8 +721,14 @@ class HealthConfig:
         "an explicit choice.",
         ListenAddress("127.0.0.1:9808"),
     )
-    interval: Duration = doc_field("Reconcile and collect interval of kvagent run.",
-                                   Duration(30))
+    interval: Duration = doc_field(
+        "Collect interval of kvagent run (status, metrics, /healthz), and how soon a pass "
+        "that failed is tried again.", Duration(30))
+    full_interval: Duration = doc_field(
+        "Interval of kvagent run's full live pass over every pool. Between them, udev "
+        "events (controllers, namespaces) drive collects and GPU-side attach passes, and "
+        "SIGHUP / kvagent apply a full pass; configfs has no events, so this is the bound "
+        "on noticing a hand-made change to the target.", Duration(300))
     textfile: AbsPath | None = doc_field(
         "Also write metrics in node_exporter textfile format to this file (atomically).", None
     )
@@ -730,6 +736,8 @@ class HealthConfig:
     def check(self) -> Check:
         if self.interval < 1:
             yield ("interval",), "must be at least 1s"
+        if self.full_interval < 1:
+            yield ("full_interval",), "must be at least 1s"
 
 
 @dataclass(frozen=True)

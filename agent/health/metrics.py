@@ -175,6 +175,10 @@ def loop_families(f: _Families, snapshot: Snapshot | None) -> None:
           {}, s.counters.apply_busy_passes)
     f.count("kvagent_config_reloads", "Config reloads (SIGHUP) attempted.",
             {}, s.counters.config_reloads)
+    f.count("kvagent_device_events", "udev events for NVMe controllers and namespaces the "
+            "agent acted on.", {}, s.counters.device_events)
+    f.count("kvagent_device_event_batches", "Batches of udev events (each one collect and, "
+            "with initiator pools, one attach pass).", {}, s.counters.device_batches)
     f.count("kvagent_config_reload_failures",
             "Config reloads refused (invalid new config; the old one keeps running).",
             {}, s.counters.config_reload_failures)

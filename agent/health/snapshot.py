@@ -263,6 +263,9 @@ class LoopCounters:
     apply_busy_passes: int = 0
     #: Exceptions kvagent did not expect (bugs), in a pool or escaping a whole pass.
     unexpected_errors: int = 0
+    #: udev events kvagent acted on (agent.events), and the batches they came in.
+    device_events: int = 0
+    device_batches: int = 0
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import copy
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -230,13 +230,15 @@ class InitiatorPass:
                 save_state(self.state_dir, state)
         return detached
 
-    def attach_configured(self) -> list[MountedPool]:
-        """Connect, find, format (blank devices only) and mount every pool.
+    def attach_configured(self, only: Collection[str] | None = None) -> list[MountedPool]:
+        """Connect, find, format (blank devices only) and mount every pool (``only``: the
+        pools of those names).
 
         Returns the pools attached and mounted in full (apply only), for the engines'
         hand-off.
         """
-        pools = list(self.cfg.initiator.pools) if self.cfg.initiator else []
+        pools = [p for p in (self.cfg.initiator.pools if self.cfg.initiator else ())
+                 if only is None or p.name in only]
         if not pools:
             return []
         state = load_state(self.state_dir)

@@ -50,7 +50,7 @@ target:
       namespaces: {{count: {count}, size: 64MiB}}
       ports: [lo]
       hosts: [{{name: lab, nqn: "{lab.hostnqn}"}}]
-health: {{listen: "127.0.0.1:{port}", interval: 2s}}
+health: {{listen: "127.0.0.1:{port}", interval: 2s, full_interval: 2s}}
 """
 
 

@@ -85,7 +85,7 @@ initiator:
     - name: kv
       target: {{transport: tcp, address: 127.0.0.1}}
       mount: {lab.root}/mnt/kv
-health: {{listen: "127.0.0.1:{port}", interval: 5s}}
+health: {{listen: "127.0.0.1:{port}", interval: 5s, full_interval: 5s}}
 """
     lab.write(text)
     base = f"http://127.0.0.1:{port}"

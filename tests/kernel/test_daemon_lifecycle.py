@@ -104,7 +104,7 @@ initiator:
       target: {{transport: tcp, address: 127.0.0.1}}
       mount: {lab.root}/mnt/kv
       connect: {{ctrl_loss_tmo: forever}}
-health: {{listen: "127.0.0.1:{port}", interval: 5s}}
+health: {{listen: "127.0.0.1:{port}", interval: 5s, full_interval: 5s}}
 """
 
 
@@ -253,7 +253,7 @@ def test_watchdog_unexpected_error_sigterm_and_umount_hang(lab: Lab) -> None:
         gpu_config.write_text(f"""
 version: 1
 node: {{name: lab, state_dir: {gpu_state}, run_dir: {lab.root}/run2}}
-health: {{listen: "127.0.0.1:{port2}", interval: 5s}}
+health: {{listen: "127.0.0.1:{port2}", interval: 5s, full_interval: 5s}}
 """)
         gpu, gpu_log = start(lab, gpu_config, "gpu.log", {})
         base2 = f"http://127.0.0.1:{port2}"

@@ -203,7 +203,7 @@ initiator:
       target: {{transport: tcp, address: 127.0.0.1}}
       mount: {mount}
       engines: [{{kind: lmcache, cleaner: {{enabled: true}}}}]  # its metrics are on the dashboard
-health: {{listen: "127.0.0.1:{port}", interval: 5s, textfile: {textfile}}}
+health: {{listen: "127.0.0.1:{port}", interval: 5s, full_interval: 5s, textfile: {textfile}}}
 """)
     nqn = subsystem_nqn("nqn.2026-11.io.kvagent", "deb", "kv", "deb")
     agent = None

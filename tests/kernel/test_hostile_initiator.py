@@ -267,7 +267,7 @@ initiator:
       shared: true
       auth: {{key_file: {host_key}, ctrl_key_file: {ctrl_key}}}
       connect: {{fast_io_fail_tmo: 'off'}}
-health: {{listen: "127.0.0.1:{port}", interval: 10m}}
+health: {{listen: "127.0.0.1:{port}", interval: 10m, full_interval: 10m}}
 """
 
 

@@ -17,12 +17,13 @@ from agent.health.notify import Notifier
 from tests.unit.fakerunner import FakeRunner
 
 
-def write_config(path: Path, tmp: Path, port: int, *, interval: str = "30s") -> None:
+def write_config(path: Path, tmp: Path, port: int, *, interval: str = "30s",
+                 full_interval: str = "5m") -> None:
     path.write_text(f"""
 version: 1
 node: {{name: unit, state_dir: {tmp}/state, run_dir: {tmp}/run, sysfs: {tmp}/sys,
         configfs: {tmp}/configfs}}
-health: {{listen: "127.0.0.1:{port}", interval: {interval}}}
+health: {{listen: "127.0.0.1:{port}", interval: {interval}, full_interval: {full_interval}}}
 """)
 
 

@@ -250,7 +250,7 @@ class World:
 node: {{name: {NODE}, nqn_prefix: {PREFIX}, state_dir: {self.storage}/state,
         run_dir: {self.storage}/run, sysfs: {self.storage}/sys,
         configfs: {self.storage}/configfs}}
-health: {{listen: "127.0.0.1:{self.storage_port}", interval: 1s,
+health: {{listen: "127.0.0.1:{self.storage_port}", interval: 1s, full_interval: 1s,
           textfile: {self.storage}/metrics/kvagent.prom}}
 target:
   address_wait: 0s
@@ -273,7 +273,7 @@ target:
                else self.key("gpu0", 1))
         auth = f"{{key_file: '{key}', ctrl_key_file: {self.key('gpu0.ctrl', 1)}}}"
         return self.gpu.config_text(f"""health: {{listen: "127.0.0.1:{self.gpu_port}",
-          interval: 1s, textfile: {self.gpu_root}/metrics/kvagent.prom}}
+          interval: 1s, full_interval: 1s, textfile: {self.gpu_root}/metrics/kvagent.prom}}
 initiator:
   device_wait: 5s
   pools:

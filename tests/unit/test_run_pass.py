@@ -29,7 +29,7 @@ def test_detach_runs_before_the_target_unexports(tmp_path: Path,
             calls.append("initiator.detach")
             return []
 
-        def attach_configured(self) -> list:
+        def attach_configured(self, only=None) -> list:
             calls.append("initiator.attach")
             return []
 
@@ -64,7 +64,7 @@ def test_a_pass_forgets_what_a_killed_detach_left_of_a_pool(
         def detach_removed(self) -> list[str]:
             return []
 
-        def attach_configured(self) -> list:
+        def attach_configured(self, only=None) -> list:
             return []
 
     class Target:

@@ -287,7 +287,7 @@ def test_two_thousand_slow_connections_from_an_unprivileged_user(tmp_path) -> No
         pytest.skip("needs root to run the load as another user")
     config = tmp_path / "kvagent.yaml"
     port = free_port()
-    write_config(config, tmp_path, port, interval="1s")
+    write_config(config, tmp_path, port, interval="1s", full_interval="1s")
     agent = Agent(str(config), load_config(config), runner=FakeRunner(),
                   notifier=Notifier(env={}))
     loop = threading.Thread(target=agent.run, daemon=True)

@@ -1,0 +1,246 @@
+"""What wakes ``kvagent run`` between its full passes: udev events, coalesced.
+
+The kernel announces what matters to a GPU host as udev events: an NVMe controller
+going live, resetting, reconnecting or away (subsystem ``nvme``, with ``NVME_EVENT`` or
+``NVME_AEN`` on a change), and namespaces' block devices coming and going (subsystem
+``block``, ``nvme*``). Each such event makes the agent collect at once (status and
+metrics show a lost controller within the debounce) and, on a host with initiator
+pools, run a targeted attach pass (:func:`agent.reconcile.run_pass` with
+``attach_only``): connect, find, mount and hand off, never a detach, never the storage
+side. Everything else on the host (loop, dm, sd devices; events of kvagent's own
+mkfs/mount) is ignored or folded into the same batch.
+
+A controller that loses its connection sends no event while it reconnects (the kernel
+emits ``NVME_EVENT=connected`` when it is back, nothing when it drops), so
+:class:`ControllerWatch` reads each controller's ``state`` in sysfs every
+:data:`WATCH_PERIOD` seconds (a few tiny reads, no command) and puts a ``controller``
+event on a change: a lost controller shows in status and metrics within a second.
+
+A storm is one batch: :class:`Batcher` waits until the events stop for
+:data:`QUIET` seconds (at most :data:`LONGEST` after the first), so 256 events make
+one collect and one pass. Netlink can drop events (its buffer overflows under a
+storm): the full pass on ``health.full_interval`` bounds what a lost event can hide.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .log import get_logger
+
+log = get_logger("events")
+
+#: A batch ends once no event came for this long...
+QUIET = 0.2
+#: ...or this long after its first event, whatever comes.
+LONGEST = 1.0
+
+
+@dataclass(frozen=True)
+class DeviceEvent:
+    """A udev event kvagent acts on: what changed (``kind``) and its kernel name."""
+
+    kind: str  # "controller" | "namespace" | "aen"
+    action: str
+    name: str
+
+
+def classify(subsystem: str | None, action: str | None, sys_name: str | None,
+             properties: Mapping[str, str]) -> DeviceEvent | None:
+    """The event kvagent acts on for a udev event, or None for one it ignores.
+
+    - ``nvme`` controllers (``nvme0``; not ``nvme-fabrics`` or ``nvme-subsystem``): any
+      action; a ``change`` carrying ``NVME_AEN`` (an asynchronous event: a discovery log
+      change, a namespace list change) is an ``aen``;
+    - ``block`` devices named ``nvme*`` (namespaces and their partitions): add, remove,
+      change (a resize).
+    """
+    name, action = sys_name or "", action or ""
+    if subsystem == "nvme" and name.startswith("nvme") and name[4:].isdigit():
+        kind = "aen" if action == "change" and "NVME_AEN" in properties else "controller"
+        return DeviceEvent(kind, action, name)
+    if subsystem == "block" and name.startswith("nvme") and action in ("add", "remove",
+                                                                        "change"):
+        return DeviceEvent("namespace", action, name)
+    return None
+
+
+@dataclass
+class Batch:
+    """The events of one batch, for the log and the metrics."""
+
+    events: list[DeviceEvent] = field(default_factory=list)
+    dropped: int = 0
+    #: What ended the batch when it was not a device event ("reload", "stop"...): the
+    #: loop handles it next.
+    next: Any = None
+
+    @property
+    def count(self) -> int:
+        return len(self.events) + self.dropped
+
+    @property
+    def something_appeared(self) -> bool:
+        """Whether an attach pass may find work: a namespace or controller added or
+        changed, a controller back (``connected``, ``live``), an AEN; not when things only
+        went away or a connection dropped (a collect shows that; the attach pass would
+        only wait on a reconnecting controller). Events not kept count as appearing."""
+        return self.dropped > 0 or any(_appeared(e) for e in self.events)
+
+    def summary(self) -> dict[str, int]:
+        kinds: dict[str, int] = {}
+        for e in self.events:
+            kinds[e.kind] = kinds.get(e.kind, 0) + 1
+        return kinds
+
+
+def _appeared(event: DeviceEvent) -> bool:
+    if event.kind == "aen":
+        return True
+    if event.action.startswith("state "):
+        return event.action == "state live"
+    return event.action in ("add", "change")
+
+
+#: How often :class:`ControllerWatch` reads the controllers' states.
+WATCH_PERIOD = 0.5
+
+#: At most this many events are kept per batch (the rest only counted).
+BATCH_KEEP = 64
+
+
+class Batcher:
+    """Takes the device events that follow a first one off the loop's queue.
+
+    Another item (``"reload"``, ``"stop"``...) ends the batch; it is the batch's
+    ``next``, for the loop to handle before anything else.
+    """
+
+    def __init__(self, events: queue.SimpleQueue[Any], *,
+                 clock: Callable[[], float] = time.monotonic,
+                 quiet: float = QUIET, longest: float = LONGEST):
+        self.events = events
+        self.clock = clock
+        self.quiet, self.longest = quiet, longest
+
+    def gather(self, first: DeviceEvent) -> Batch:
+        """``first`` and the device events after it until the queue is quiet."""
+        batch = Batch([first])
+        started = self.clock()
+        while True:
+            now = self.clock()
+            wait = min(self.quiet, started + self.longest - now)
+            if wait <= 0:
+                break
+            try:
+                item = self.events.get(timeout=wait)
+            except queue.Empty:
+                break
+            if isinstance(item, DeviceEvent):
+                if len(batch.events) < BATCH_KEEP:
+                    batch.events.append(item)
+                else:
+                    batch.dropped += 1
+                continue
+            batch.next = item
+            break
+        return batch
+
+
+class UdevFeed:
+    """Puts a :class:`DeviceEvent` on the loop's queue for each udev event that matters
+    (if pyudev and a udev netlink socket are there; else the full passes only)."""
+
+    def __init__(self, events: queue.SimpleQueue[Any]):
+        self.events = events
+        self._observer: Any = None
+
+    def _on_device(self, device: Any) -> None:
+        try:
+            event = classify(device.subsystem, device.action, device.sys_name,
+                             dict(device.properties))
+        except Exception as exc:  # a device gone while read: nothing to act on
+            log.debug("udev event not read", error=str(exc))
+            return
+        if event is not None:
+            self.events.put(event)
+
+    def start(self) -> None:
+        try:
+            import pyudev
+
+            context = pyudev.Context()
+            monitor = pyudev.Monitor.from_netlink(context)
+            monitor.filter_by("block")
+            monitor.filter_by("nvme")
+            self._observer = pyudev.MonitorObserver(monitor, callback=self._on_device,
+                                                    name="kvagent-udev")
+            self._observer.start()
+        except Exception as exc:  # no udev: the full passes still run
+            log.warning("udev monitor unavailable; relying on the full passes",
+                        error=str(exc))
+            self._observer = None
+
+    def stop(self) -> None:
+        if self._observer is not None:
+            self._observer.send_stop()
+
+
+def controller_states(sysfs: Path) -> dict[str, str]:
+    """Each NVMe controller's state (``live``, ``connecting``...) from ``<sysfs>/class/nvme``."""
+    states: dict[str, str] = {}
+    try:
+        names = os.listdir(sysfs / "class" / "nvme")
+    except OSError:
+        return states
+    for name in names:
+        if not (name.startswith("nvme") and name[4:].isdigit()):
+            continue
+        try:
+            with open(sysfs / "class" / "nvme" / name / "state") as f:
+                states[name] = f.read(64).strip()
+        except OSError:
+            continue  # gone meanwhile: its remove event says so
+    return states
+
+
+class ControllerWatch:
+    """Puts a ``controller`` :class:`DeviceEvent` on the loop's queue when a controller's
+    state changes (the kernel sends no event when a connection drops)."""
+
+    def __init__(self, events: queue.SimpleQueue[Any], sysfs: Path, *,
+                 period: float = WATCH_PERIOD):
+        self.events, self.sysfs, self.period = events, sysfs, period
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self, last: dict[str, str]) -> dict[str, str]:
+        """One look: an event per controller whose state differs from ``last`` (a new
+        or a gone controller has its own udev event)."""
+        now = controller_states(self.sysfs)
+        for name, state in sorted(now.items()):
+            if name in last and last[name] != state:
+                self.events.put(DeviceEvent("controller", f"state {state}", name))
+        return now
+
+    def _run(self) -> None:
+        last = controller_states(self.sysfs)
+        while not self._stop.wait(self.period):
+            last = self.check(last)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="kvagent-ctrl-watch",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

@@ -1,0 +1,175 @@
+"""Events drive the GPU host's agent between its full passes (issue 26), on a real kernel.
+
+The storage side (a file pool over NVMe/TCP on 127.0.0.1, applied with the CLI) and a
+GPU-side ``kvagent run`` whose full passes and collects are 10 minutes apart: whatever
+it does within the test, udev events made it do.
+
+- A namespace added on the storage host: nvmet announces it (a namespace-attribute
+  AEN), the initiator's kernel scans it, udev says ``add nvme0n2``, and the agent's
+  attach pass makes its filesystem and mounts it, seconds after the storage apply
+  (each trial's latency is printed for the CI log).
+- The pool's port taken away on the storage host: the controller drops and reconnects
+  in vain (the kernel sends no uevent for that); the agent's controller watch sees its
+  state change, the agent collects, and /readyz shows the pool not ready without
+  waiting for an interval.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agent.cli.main import main
+
+from . import kit
+from .crash import ci_log
+from .pools import DRIVES, KVAGENT, Lab, umount_all_under
+from .test_cli_daemon import metric
+from .test_daemon import free_port, get
+
+pytestmark = pytest.mark.kernel(group="lifecycle", weight=1.5)
+REPO = Path(__file__).resolve().parents[2]
+TRIALS = 3
+
+
+def storage_config(lab: Lab, count: int, *, port_id: int = 32) -> Path:
+    path = lab.root / "storage.yaml"
+    path.write_text(f"""
+version: 1
+node: {{name: lab, state_dir: {lab.root}/sstate, run_dir: {lab.root}/srun}}
+target:
+  ports: [{{name: lo, id: {port_id}, transport: tcp, address: 127.0.0.1, service: 4420}}]
+  pools:
+    - name: kv
+      backing: {{kind: file, directory: {lab.root}/files, buffered_io: true}}
+      namespaces: {{count: {count}, size: 320MiB}}
+      ports: [lo]
+      hosts: [{{name: lab, nqn: "{lab.hostnqn}"}}]
+""")
+    return path
+
+
+def gpu_config(lab: Lab, port: int) -> Path:
+    path = lab.root / "gpu.yaml"
+    path.write_text(f"""
+version: 1
+node: {{name: lab, state_dir: {lab.root}/gstate, run_dir: {lab.root}/grun}}
+initiator:
+  pools:
+    - {{name: kv, target: {{transport: tcp, address: 127.0.0.1}}, mount: {lab.root}/mnt/kv,
+       connect: {{fast_io_fail_tmo: 2s, reconnect_delay: 1s}}}}
+health: {{listen: "127.0.0.1:{port}", interval: 10m, full_interval: 10m}}
+""")
+    return path
+
+
+def cli(config: Path, *args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, ["-c", str(config), *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def mounted(lab: Lab) -> set[str]:
+    root = str(lab.root / "mnt" / "kv")
+    with open("/proc/self/mountinfo") as f:
+        return {line.split()[4] for line in f if line.split()[4].startswith(root + "/")}
+
+
+@contextmanager
+def gpu_agent(config: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    out = open(log, "w")  # noqa: SIM115
+    proc = subprocess.Popen([*KVAGENT, "-c", str(config), "run"], stdout=out,
+                            stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        out.close()
+        print(log.read_text()[-6000:])
+
+
+@pytest.fixture
+def lab(tmp_path: Path):
+    """The file pool on an ext4 over a test drive (xfs wants 300 MiB per namespace: more
+    than a tmpfs in the VM's memory holds); the drive is wiped afterwards."""
+    lab = Lab(tmp_path)
+    (tmp_path / "files").mkdir()
+    kit.sh("mkfs.ext4", "-q", "-F", DRIVES[1], timeout=120)
+    kit.sh("mount", DRIVES[1], str(tmp_path / "files"))
+    yield lab
+    umount_all_under(tmp_path / "mnt")
+    kit.sh("nvme", "disconnect-all", check=False)
+    kit.force_clean()  # nvmet lets go of the pool's files
+    umount_all_under(tmp_path)
+    kit.sh("wipefs", "-a", "-q", DRIVES[1], check=False)
+
+
+def test_udev_events_attach_a_new_namespace_and_show_a_lost_controller(lab: Lab) -> None:
+    storage = storage_config(lab, 1)
+    code, _, err = cli(storage, "apply")
+    assert code == 0, err
+    port = free_port()
+    gpu = gpu_config(lab, port)
+    with gpu_agent(gpu, lab.root / "agent.log") as proc:
+        kit.wait_for(lambda: get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 240,
+                     interval=0.3, what="the agent's first pass to mount the pool")
+        assert len(mounted(lab)) == 1
+        runs = metric(port, "kvagent_apply_runs_total")
+        assert runs == 1
+
+        latencies = []
+        for trial in range(TRIALS):
+            storage = storage_config(lab, 2 + trial)
+            code, _, err = cli(storage, "apply")
+            assert code == 0, err
+            applied = time.monotonic()
+            kit.wait_for(lambda n=2 + trial: len(mounted(lab)) == n, 120, interval=0.05,
+                         what=f"namespace {2 + trial} mounted by the agent")
+            latencies.append(time.monotonic() - applied)
+        ci_log("events: a namespace added on the storage host, mounted on the GPU host "
+               f"{', '.join(f'{s:.1f}s' for s in latencies)} after the storage apply "
+               "(full passes 10 minutes apart)")
+        assert metric(port, "kvagent_device_event_batches_total") >= TRIALS
+        assert (metric(port, "kvagent_apply_runs_total") or 0) > runs  # attach passes
+        kit.wait_for(lambda: get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 60,
+                     interval=0.3, what="the pool ready with its new namespaces")
+
+        # The controller lost: the port goes away on the storage host.
+        batches = metric(port, "kvagent_device_event_batches_total") or 0
+        port_dir = kit.NVMET / "ports" / "32"
+        for link in (port_dir / "subsystems").iterdir():
+            link.unlink()
+        lost = time.monotonic()
+        kit.wait_for(lambda: get(f"http://127.0.0.1:{port}/readyz")[0] == 503, 60,
+                     interval=0.05, what="/readyz to say the pool is not ready")
+        shown = time.monotonic() - lost
+        ci_log(f"events: a lost controller shown by /readyz {shown:.1f}s after the port went "
+               f"away ({(metric(port, 'kvagent_device_event_batches_total') or 0) - batches:.0f}"
+               " batch(es) of events)")
+        assert (metric(port, "kvagent_device_event_batches_total") or 0) > batches
+        assert proc.poll() is None
+        # Back: the storage apply links the port again; the controller reconnects.
+        code, _, err = cli(storage, "apply")
+        assert code == 0, err
+        kit.wait_for(lambda: get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 120,
+                     interval=0.3, what="the pool ready again after the reconnect")
+    # Teardown: the GPU side first, then the storage side.
+    umount_all_under(lab.root / "mnt")
+    kit.sh("nvme", "disconnect-all", check=False)
+    storage.write_text(storage.read_text().split("target:")[0])
+    code, _, err = cli(storage, "apply")
+    assert code == 0, err
+    assert not os.path.exists(kit.NVMET / "ports" / "32")

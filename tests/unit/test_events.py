@@ -1,0 +1,227 @@
+"""Device events between full passes (issue 26): which udev events count, storms
+coalesced into one batch, and the loop's schedule."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from pathlib import Path
+
+import pytest
+
+from agent.config import load_config
+from agent.daemon import Agent, Schedule
+from agent.events import BATCH_KEEP, Batcher, DeviceEvent, classify
+from agent.health.notify import Notifier
+from agent.result import RunResult
+from tests.unit.fakerunner import FakeRunner
+from tests.unit.test_daemon import free_port, write_config
+
+
+@pytest.mark.parametrize(("subsystem", "action", "name", "props", "expected"), [
+    ("nvme", "add", "nvme3", {}, DeviceEvent("controller", "add", "nvme3")),
+    ("nvme", "remove", "nvme3", {}, DeviceEvent("controller", "remove", "nvme3")),
+    ("nvme", "change", "nvme3", {"NVME_EVENT": "connected"},
+     DeviceEvent("controller", "change", "nvme3")),
+    ("nvme", "change", "nvme0", {"NVME_AEN": "0x70f002"}, DeviceEvent("aen", "change", "nvme0")),
+    ("block", "add", "nvme3n1", {}, DeviceEvent("namespace", "add", "nvme3n1")),
+    ("block", "change", "nvme3n1", {}, DeviceEvent("namespace", "change", "nvme3n1")),
+    ("block", "remove", "nvme3n2", {}, DeviceEvent("namespace", "remove", "nvme3n2")),
+    ("block", "add", "loop0", {}, None),
+    ("block", "add", "dm-3", {}, None),
+    ("block", "bind", "nvme3n1", {}, None),
+    ("nvme-subsystem", "add", "nvme-subsys3", {}, None),
+    ("misc", "change", "nvme-fabrics", {}, None),
+    ("nvme", "add", "nvme-fabrics", {}, None),
+])
+def test_classify(subsystem: str, action: str, name: str, props: dict[str, str],
+                  expected: DeviceEvent | None) -> None:
+    assert classify(subsystem, action, name, props) == expected
+
+
+def test_a_storm_of_256_events_is_one_batch() -> None:
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    storm = [DeviceEvent("namespace", "add", f"nvme{i // 16}n{i % 16 + 1}") for i in range(256)]
+    for e in storm[1:]:
+        events.put(e)
+    batch = Batcher(events, quiet=0.05).gather(storm[0])
+    assert batch.count == 256
+    assert batch.events == storm[:BATCH_KEEP] and batch.dropped == 256 - BATCH_KEEP
+    assert batch.summary() == {"namespace": BATCH_KEEP}
+    assert events.empty()
+
+
+def test_a_reload_ends_the_batch_and_is_handled_next() -> None:
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    first = DeviceEvent("controller", "remove", "nvme1")
+    events.put(DeviceEvent("controller", "add", "nvme2"))
+    events.put("reload")
+    events.put(DeviceEvent("controller", "add", "nvme4"))
+    batch = Batcher(events, quiet=0.05).gather(first)
+    assert [e.name for e in batch.events] == ["nvme1", "nvme2"]
+    assert batch.next == "reload"
+    assert events.get_nowait() == DeviceEvent("controller", "add", "nvme4")
+
+
+def test_a_batch_ends_at_its_longest_even_while_events_keep_coming() -> None:
+    """An endless trickle (one event per tick of a fake clock) still ends the batch."""
+    ticks = [0]
+
+    class Trickle(queue.SimpleQueue):
+        def get(self, block: bool = True, timeout: float | None = None):  # type: ignore[override]
+            ticks[0] += 1
+            return DeviceEvent("namespace", "change", "nvme0n1")
+
+    batch = Batcher(Trickle(), clock=lambda: ticks[0] * 0.1, quiet=0.2, longest=1.0).gather(
+        DeviceEvent("namespace", "change", "nvme0n1"))
+    assert batch.count == 11  # the first, then one per 0.1 s for 1 s
+
+
+def test_schedule_full_passes_collects_and_retries(tmp_path: Path) -> None:
+    config = tmp_path / "kvagent.yaml"
+    write_config(config, tmp_path, free_port(), interval="30s", full_interval="5m")
+    cfg = load_config(config)
+    s = Schedule(1000.0, cfg)
+    assert (s.full, s.collect, s.retry, s.next_due()) == (1300.0, 1030.0, None, 1030.0)
+    s.collected(1030.0, cfg)
+    assert s.next_due() == 1060.0
+    s.passed(1100.0, cfg, full=False, ok=False)  # a failed attach pass: retry in 30 s
+    assert (s.full, s.retry, s.next_due()) == (1300.0, 1130.0, 1130.0)
+    s.passed(1130.0, cfg, full=True, ok=True)
+    assert (s.full, s.retry, s.next_due()) == (1430.0, None, 1160.0)
+
+
+def gpu_config(tmp_path: Path) -> Path:
+    config = tmp_path / "kvagent.yaml"
+    write_config(config, tmp_path, free_port())
+    config.write_text(config.read_text() + f"""
+initiator:
+  pools:
+    - {{name: kv, target: {{transport: tcp, address: 192.0.2.1}}, mount: {tmp_path}/mnt/kv}}
+    - {{name: kv2, target: {{transport: tcp, address: 192.0.2.2}}, mount: {tmp_path}/mnt/kv2}}
+""")
+    return config
+
+
+def test_a_storm_makes_one_collect_and_one_attach_pass(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """256 udev events: one collect and one attach pass over the initiator pools (no
+    detach, no storage side), counted in the metrics' counters."""
+    config = gpu_config(tmp_path)
+    agent = Agent(str(config), load_config(config), runner=FakeRunner(),
+                  notifier=Notifier(env={}))
+    passes: list[tuple[str, ...] | None] = []
+    collects: list[float] = []
+    done = threading.Event()
+
+    def reconcile(**kw):  # type: ignore[no-untyped-def]
+        passes.append(kw.get("attach_only"))
+        if kw.get("attach_only"):
+            done.set()
+        return RunResult(dry_run=False)
+
+    real_collect = agent.collect
+    monkeypatch.setattr(agent, "reconcile", reconcile)
+    monkeypatch.setattr(agent, "collect", lambda: (collects.append(1), real_collect())[1])
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        for i in range(256):
+            agent.events.put(DeviceEvent("namespace", "add", f"nvme{i // 16}n{i % 16 + 1}"))
+        assert done.wait(30)
+    finally:
+        agent.events.put("stop")
+        thread.join(timeout=30)
+    assert passes == [None, ("kv", "kv2")]  # the first (full) pass, then one attach pass
+    assert len(collects) == 1
+    assert (agent.counters.device_events, agent.counters.device_batches) == (256, 1)
+
+
+def test_device_events_without_initiator_pools_only_collect(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "kvagent.yaml"
+    write_config(config, tmp_path, free_port())
+    agent = Agent(str(config), load_config(config), runner=FakeRunner(),
+                  notifier=Notifier(env={}))
+    passes: list[object] = []
+    collected = threading.Event()
+    monkeypatch.setattr(agent, "reconcile",
+                        lambda **kw: passes.append(kw) or RunResult(dry_run=False))
+    real_collect = agent.collect
+    monkeypatch.setattr(agent, "collect", lambda: (collected.set(), real_collect())[1])
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        agent.events.put(DeviceEvent("controller", "remove", "nvme0"))
+        assert collected.wait(30)
+    finally:
+        agent.events.put("stop")
+        thread.join(timeout=30)
+    assert passes == [{}]  # only the first pass
+    assert agent.counters.device_batches == 1
+
+
+def test_the_watch_sees_a_controller_lose_its_connection(tmp_path: Path) -> None:
+    """The kernel sends no uevent when a connection drops: the watch reads the states."""
+    from agent.events import ControllerWatch, controller_states
+
+    base = tmp_path / "class" / "nvme"
+    for name, state in (("nvme0", "live"), ("nvme1", "live")):
+        (base / name).mkdir(parents=True)
+        (base / name / "state").write_text(state + "\n")
+    (base / "nvme-fabrics").mkdir()  # not a controller
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    watch = ControllerWatch(events, tmp_path)
+    last = controller_states(tmp_path)
+    assert last == {"nvme0": "live", "nvme1": "live"}
+    assert watch.check(last) == last and events.empty()  # nothing changed: no event
+    (base / "nvme1" / "state").write_text("connecting\n")
+    (base / "nvme2").mkdir()
+    (base / "nvme2" / "state").write_text("new\n")  # a new one has its own udev event
+    last = watch.check(last)
+    assert events.get_nowait() == DeviceEvent("controller", "state connecting", "nvme1")
+    assert events.empty()
+    (base / "nvme1" / "state").write_text("live\n")
+    watch.check(last)
+    assert events.get_nowait() == DeviceEvent("controller", "state live", "nvme1")
+
+
+@pytest.mark.parametrize(("events", "dropped", "expected"), [
+    ([DeviceEvent("namespace", "add", "nvme0n2")], 0, True),
+    ([DeviceEvent("namespace", "change", "nvme0n1")], 0, True),
+    ([DeviceEvent("aen", "change", "nvme0")], 0, True),
+    ([DeviceEvent("controller", "add", "nvme3")], 0, True),
+    ([DeviceEvent("controller", "change", "nvme3")], 0, True),  # NVME_EVENT=connected
+    ([DeviceEvent("controller", "state live", "nvme3")], 0, True),
+    ([DeviceEvent("controller", "state connecting", "nvme3")], 0, False),
+    ([DeviceEvent("controller", "remove", "nvme3"),
+      DeviceEvent("namespace", "remove", "nvme3n1")], 0, False),
+    ([DeviceEvent("controller", "state connecting", "nvme3")], 5, True),  # some not kept
+])
+def test_an_attach_pass_only_when_something_appeared(events: list[DeviceEvent], dropped: int,
+                                                     expected: bool) -> None:
+    from agent.events import Batch
+
+    assert Batch(events, dropped).something_appeared is expected
+
+
+def test_a_dropped_connection_collects_without_an_attach_pass(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = gpu_config(tmp_path)
+    agent = Agent(str(config), load_config(config), runner=FakeRunner(),
+                  notifier=Notifier(env={}))
+    passes: list[object] = []
+    collected = threading.Event()
+    monkeypatch.setattr(agent, "reconcile",
+                        lambda **kw: passes.append(kw) or RunResult(dry_run=False))
+    real_collect = agent.collect
+    monkeypatch.setattr(agent, "collect", lambda: (collected.set(), real_collect())[1])
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        agent.events.put(DeviceEvent("controller", "state connecting", "nvme0"))
+        assert collected.wait(30)
+    finally:
+        agent.events.put("stop")
+        thread.join(timeout=30)
+    assert passes == [{}]  # the first pass only

@@ -83,7 +83,9 @@ from .mounts import (
     remove_mount_points,
     unmount,
 )
-from .nvmecli import ConnectError, FabricsOptions, NvmeCli
+from .nvme.cli import NvmeCli
+from .nvme.failures import ConnectError
+from .nvme.options import FabricsOptions
 from .striped import deactivate, dm_name, ensure_striped_volume, volume_path, volume_slaves
 from .sysfs import Controller, NamespaceHead, Sysfs, read_attr
 from .timeouts import Timeouts, drift, fix, unsupported

@@ -67,7 +67,8 @@ from agent.cli.main import main
 from agent.dhchap import Secret, generate, write_secret
 from agent.engines import handoff
 from agent.initiator import reconcile as initiator_reconcile
-from agent.initiator.nvmecli import NoKernelLog, NvmeCli
+from agent.initiator.nvme.cli import NvmeCli
+from agent.initiator.nvme.kmsg import NoKernelLog
 from agent.system import keyring
 from agent.system import run as run_mod
 from agent.system.run import CommandResult

@@ -30,7 +30,8 @@ import pytest
 
 from agent.config import Config, parse_config
 from agent.initiator.filesystem import XfsSuperblock
-from agent.initiator.nvmecli import NoKernelLog, NvmeCli
+from agent.initiator.nvme.cli import NvmeCli
+from agent.initiator.nvme.kmsg import NoKernelLog
 from agent.initiator.reconcile import HostSeams
 from agent.initiator.sysfs import Sysfs
 from agent.initiator.xfsmount import Geometry

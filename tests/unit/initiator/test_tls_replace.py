@@ -15,7 +15,7 @@ from agent.dhchap import write_secret
 from agent.fabrics import FabricsAddress
 from agent.initiator import reconcile
 from agent.initiator.connect import Target, connect
-from agent.initiator.nvmecli import FabricsOptions
+from agent.initiator.nvme.options import FabricsOptions
 from agent.initiator.sysfs import Sysfs
 from agent.tlspsk import generate_psk
 

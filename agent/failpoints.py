@@ -21,7 +21,7 @@ an argv's first words or a configfs path; never a secret):
 ``configfs.unlink``   a configfs change (:func:`wrap_configfs`)
 ``command``           a command that changes something (:func:`changes_something`), the
                       write to ``/dev/nvme-fabrics`` among them (a child command:
-                      ``agent/initiator/fabrics_writer.py``)
+                      ``agent/initiator/nvme/fabrics_writer.py``)
 ``record``            a record written (``agent.state.write_json``, LVM intents)
 ``record.remove``     a record removed (a detached pool's probes, quota and cleaner
                       records; a destroyed pool's manifest; the schema-1 claims file)

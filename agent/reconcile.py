@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .config import Config
 from .errors import KvagentError
@@ -13,6 +14,9 @@ from .log import get_logger
 from .records import write_last_apply
 from .result import RunResult
 from .system.run import Runner, default_runner
+
+if TYPE_CHECKING:
+    from .initiator.stages.handoff import MountedPool
 
 log = get_logger("reconcile")
 
@@ -31,31 +35,19 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
     ``kvagent run`` does on device events: nothing is detached or forgotten and the
     storage side is not touched.
     """
-    from .engines.handoff import forget, hand_off, leftover_pools
+    from .engines.handoff import forget, leftover_pools
     from .initiator.reconcile import InitiatorPass, load_state
     from .target.reconcile import TargetPass
 
     runner = runner or default_runner()
     result = RunResult(dry_run=dry_run)
 
-    def attach(initiator: InitiatorPass) -> None:
-        for mounted in initiator.attach_configured(only=attach_only):
-            # The engines' hand-off: its own step, after the pool is mounted.
-            try:
-                hand_off(cfg, mounted.pool, mounted.mounts, mounted.transport,
-                         mounted.remounted, result)
-            except (KvagentError, OSError) as exc:
-                result.error("initiator", mounted.pool.name,
-                             getattr(exc, "message", None) or str(exc),
-                             getattr(exc, "hint", None))
-            except Exception as exc:  # a bug: this pool's engines fail alone
-                log.error("unexpected error handing a pool to its engines",
-                          pool=mounted.pool.name, exc_info=exc)
-                result.unexpected("initiator", mounted.pool.name, exc)
-
     def passes() -> None:
         if attach_only is not None:
-            attach(InitiatorPass(cfg, runner, result, dry_run=dry_run))
+            initiator = InitiatorPass(cfg, runner, result, dry_run=dry_run)
+            pools = [p for p in (cfg.initiator.pools if cfg.initiator else ())
+                     if p.name in attach_only]
+            hand_off_pools(cfg, initiator.attach(pools), result)
             return
         # Detach before unexporting: on a host with both roles, a pool dropped from both
         # must be unmounted while its target still answers.
@@ -70,7 +62,7 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
         except Exception as exc:  # a bug must not stop the GPU side from attaching
             log.error("unexpected error in the storage side's pass", exc_info=exc)
             result.unexpected("target", None, exc)
-        attach(initiator)
+        hand_off_pools(cfg, initiator.attach_configured(), result)
 
     if dry_run:
         passes()
@@ -81,3 +73,20 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
     if not dry_run:
         write_last_apply(cfg.node.state_dir, result.to_json())
     return result
+
+
+def hand_off_pools(cfg: Config, mounted: Iterable[MountedPool], result: RunResult) -> None:
+    """The engines' hand-off of each pool the initiator pass mounted (its last stage,
+    after every pool of the pass is attached); a pool's failure is its own."""
+    from .engines.handoff import hand_off
+
+    for m in mounted:
+        try:
+            hand_off(cfg, m.pool, m.mounts, m.transport, m.remounted, result)
+        except (KvagentError, OSError) as exc:
+            result.error("initiator", m.pool.name, getattr(exc, "message", None) or str(exc),
+                         getattr(exc, "hint", None))
+        except Exception as exc:  # a bug: this pool's engines fail alone
+            log.error("unexpected error handing a pool to its engines",
+                      pool=m.pool.name, exc_info=exc)
+            result.unexpected("initiator", m.pool.name, exc)

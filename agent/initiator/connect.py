@@ -47,15 +47,15 @@ from ..errors import KvagentError
 from ..fabrics import FabricsAddress
 from ..log import get_logger
 from ..naming import parse_subsystem_nqn
-from .nvmecli import (
+from .nvme.cli import NvmeCli
+from .nvme.discovery import DiscoveryEntry
+from .nvme.failures import (
     AlreadyConnected,
     ConnectError,
-    DiscoveryEntry,
-    FabricsOptions,
-    NvmeCli,
     PermanentConnectError,
     TransientConnectError,
 )
+from .nvme.options import FabricsOptions
 from .sysfs import Controller, Sysfs
 
 log = get_logger("initiator.connect")
@@ -190,7 +190,7 @@ def connect(target: Target, *, cli: NvmeCli, sysfs: Sysfs, attempts: int = 5,
 
     Transient failures are retried up to ``attempts`` times (exponential wait
     from ``wait_initial`` to ``wait_max`` seconds); permanent ones raise
-    :class:`~agent.initiator.nvmecli.PermanentConnectError` at once.
+    :class:`~agent.initiator.nvme.failures.PermanentConnectError` at once.
     ``settle`` bounds how long to wait for a just-connected controller to show
     up in sysfs; ``replace_bound`` how long replacing an existing controller may take, all
     of it (:func:`refresh_controllers`: TLS added or removed, both DH-HMAC-CHAP secrets

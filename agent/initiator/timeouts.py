@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import KvagentError
-from .nvmecli import FabricsOptions
+from .nvme.options import FabricsOptions
 from .sysfs import Controller, Sysfs
 
 #: The attributes kept, in the order they are written.

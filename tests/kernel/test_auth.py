@@ -31,13 +31,9 @@ from pathlib import Path
 import pytest
 
 from agent.dhchap import generate, read_secret, write_secret
-from agent.initiator.nvmecli import (
-    ConnectError,
-    FabricsOptions,
-    NvmeCli,
-    PermanentConnectError,
-    TransientConnectError,
-)
+from agent.initiator.nvme.cli import NvmeCli
+from agent.initiator.nvme.failures import ConnectError, PermanentConnectError, TransientConnectError
+from agent.initiator.nvme.options import FabricsOptions
 from agent.log import configure_logging
 from agent.naming import subsystem_nqn
 from agent.result import RunResult

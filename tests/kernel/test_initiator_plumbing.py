@@ -20,12 +20,9 @@ from agent.fabrics import FabricsAddress
 from agent.initiator.connect import Target, connect, disconnect_controllers, pool_entries
 from agent.initiator.devices import wait_for_namespaces
 from agent.initiator.identity import UUID_NQN_PREFIX, ensure_host_identity
-from agent.initiator.nvmecli import (
-    FabricsOptions,
-    NvmeCli,
-    PermanentConnectError,
-    TransientConnectError,
-)
+from agent.initiator.nvme.cli import NvmeCli
+from agent.initiator.nvme.failures import PermanentConnectError, TransientConnectError
+from agent.initiator.nvme.options import FabricsOptions
 from agent.initiator.sysfs import Sysfs
 from agent.system.run import SubprocessRunner
 from nvmet.ids import namespace_uuid

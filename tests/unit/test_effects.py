@@ -14,7 +14,7 @@ import pytest
 
 from agent import effects, failpoints
 from agent.initiator.identity import ensure_host_identity
-from agent.initiator.nvmecli import FABRICS_DEV, FABRICS_WRITER
+from agent.initiator.nvme.options import FABRICS_DEV, FABRICS_WRITER
 
 REPO = Path(__file__).resolve().parents[2]
 Steps = Callable[[], list[tuple[str, str]]]

@@ -75,7 +75,7 @@ ALLOWED: dict[str, tuple[frozenset[str], str]] = {
     "agent/engines/cleaner.py": (frozenset({"os.unlink"}),
                                  "the cache files a cleaner run deletes: the run is one "
                                  "'engine.clean' step"),
-    "agent/initiator/fabrics_writer.py": (
+    "agent/initiator/nvme/fabrics_writer.py": (
         frozenset({"os.open(w)", "os.write"}),
         "a child command (python fabrics_writer.py /dev/nvme-fabrics) run through the "
         "runner: a 'command' step"),

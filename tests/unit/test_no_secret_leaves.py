@@ -67,7 +67,9 @@ from agent.cli.main import main
 from agent.dhchap import Secret, generate, write_secret
 from agent.engines import handoff
 from agent.initiator import reconcile as initiator_reconcile
-from agent.initiator.nvmecli import NoKernelLog, NvmeCli
+from agent.initiator.nvme.cli import NvmeCli
+from agent.initiator.nvme.kmsg import NoKernelLog
+from agent.initiator.stages import tlskeys
 from agent.system import keyring
 from agent.system import run as run_mod
 from agent.system.run import CommandResult
@@ -312,7 +314,7 @@ initiator:
         mp.setattr(run_mod, "subprocess", fake_subprocess)
         mp.setattr(nvmet, "RealConfigFS", self.configfs)
         mp.setattr(target_tls, "tlshd_running", lambda: True)
-        mp.setattr(initiator_reconcile, "tlshd_running", lambda: True)
+        mp.setattr(tlskeys, "tlshd_running", lambda: True)
         real_run, real_steps = target_reconcile.TargetPass.run, \
             target_reconcile.TargetPass._run_steps
 

@@ -29,7 +29,7 @@ def test_detach_runs_before_the_target_unexports(tmp_path: Path,
             calls.append("initiator.detach")
             return []
 
-        def attach_configured(self, only=None) -> list:
+        def attach_configured(self) -> list:
             calls.append("initiator.attach")
             return []
 
@@ -64,7 +64,7 @@ def test_a_pass_forgets_what_a_killed_detach_left_of_a_pool(
         def detach_removed(self) -> list[str]:
             return []
 
-        def attach_configured(self, only=None) -> list:
+        def attach_configured(self) -> list:
             return []
 
     class Target:
@@ -99,3 +99,46 @@ def test_a_pass_forgets_what_a_killed_detach_left_of_a_pool(
             assert (state / sub / f"{pool}.json").exists()
     assert [a.subject for a in result.actions if a.kind == "engine.unrender"] == [
         str(state / "engines/gone")]
+
+
+def test_an_attach_pass_attaches_the_named_pools_and_nothing_else(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What kvagent run does on device events: the named initiator pools are attached;
+    nothing is detached or forgotten and the storage side is not touched."""
+    calls: list[object] = []
+
+    class Initiator:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def detach_removed(self) -> list[str]:
+            calls.append("initiator.detach")
+            return []
+
+        def attach(self, pools) -> list:  # type: ignore[no-untyped-def]
+            calls.append(("initiator.attach", [p.name for p in pools]))
+            return []
+
+        def attach_configured(self) -> list:
+            calls.append("initiator.attach_configured")
+            return []
+
+    class Target:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def run(self) -> None:
+            calls.append("target")
+
+    monkeypatch.setattr(initiator_reconcile, "InitiatorPass", Initiator)
+    monkeypatch.setattr(target_reconcile, "TargetPass", Target)
+    cfg = parse_config(f"""version: 1
+node: {{name: n, state_dir: {tmp_path}/state, run_dir: {tmp_path}/run}}
+initiator:
+  pools:
+    - {{name: a, target: {{transport: tcp, address: 192.0.2.1}}, mount: {tmp_path}/a}}
+    - {{name: b, target: {{transport: tcp, address: 192.0.2.2}}, mount: {tmp_path}/b}}
+""", "test.yaml")
+    result = reconcile.run_pass(cfg, dry_run=False, attach_only=("b",))
+    assert result.ok
+    assert calls == [("initiator.attach", ["b"])]

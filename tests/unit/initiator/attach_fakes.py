@@ -30,8 +30,9 @@ import pytest
 
 from agent.config import Config, parse_config
 from agent.initiator.filesystem import XfsSuperblock
-from agent.initiator.nvmecli import NoKernelLog, NvmeCli
-from agent.initiator.reconcile import HostSeams
+from agent.initiator.nvme.cli import NvmeCli
+from agent.initiator.nvme.kmsg import NoKernelLog
+from agent.initiator.stages.context import HostSeams
 from agent.initiator.sysfs import Sysfs
 from agent.initiator.xfsmount import Geometry
 from agent.system.mountusers import MountUser

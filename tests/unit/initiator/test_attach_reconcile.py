@@ -474,10 +474,11 @@ def test_the_only_path_down_fails_the_pool_and_records_nothing(host: FakeHost) -
 def test_each_step_is_recorded_before_it_is_taken(host: FakeHost,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A kill right after a connect, a mkdir or a mount leaves a record that finds it."""
-    from agent.initiator import reconcile as initiator
+    from agent.initiator.stages import connect as connect_stage
+    from agent.initiator.stages import mount as mount_stage
 
     seen: dict[str, object] = {}
-    real_connect, real_mkdir = initiator.connect, initiator.create_mount_point
+    real_connect, real_mkdir = connect_stage.connect, mount_stage.create_mount_point
 
     def connect(target, **kw):  # type: ignore[no-untyped-def]
         rec = state(host).get("kv")
@@ -489,8 +490,8 @@ def test_each_step_is_recorded_before_it_is_taken(host: FakeHost,
         seen.setdefault("mounts", state(host)["kv"].mounts)
         return real_mkdir(path)
 
-    monkeypatch.setattr(initiator, "connect", connect)
-    monkeypatch.setattr(initiator, "create_mount_point", mkdir)
+    monkeypatch.setattr(connect_stage, "connect", connect)
+    monkeypatch.setattr(mount_stage, "create_mount_point", mkdir)
     assert run(host, pool_yaml(host)).ok
     assert seen["connect"] == [NQN]
     assert str(host.root / "mnt") in seen["mkdir"]  # type: ignore[operator]
@@ -499,10 +500,10 @@ def test_each_step_is_recorded_before_it_is_taken(host: FakeHost,
 
 def test_an_unexpected_error_fails_that_pool_only(host: FakeHost,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from agent.initiator import reconcile as initiator
+    from agent.initiator.stages import find as find_stage
 
     calls: list[int] = []
-    real = initiator.wait_for_namespaces
+    real = find_stage.wait_for_namespaces
 
     def boom_once(*a, **k):  # type: ignore[no-untyped-def]
         calls.append(1)
@@ -510,7 +511,7 @@ def test_an_unexpected_error_fails_that_pool_only(host: FakeHost,
             raise ZeroDivisionError("a bug")
         return real(*a, **k)
 
-    monkeypatch.setattr(initiator, "wait_for_namespaces", boom_once)
+    monkeypatch.setattr(find_stage, "wait_for_namespaces", boom_once)
     result = run(host, pool_yaml(host, name="kv", layout="striped", engines="")
                  + pool_yaml(host, name="two", engines="", subsystem=NQN))
     assert [(e.pool, e.message, e.unexpected) for e in result.errors] == [

@@ -13,13 +13,13 @@ import pytest
 
 from agent.fabrics import FabricsAddress
 from agent.initiator.connect import Target, connect
-from agent.initiator.nvmecli import (
-    FabricsOptions,
-    NvmeCli,
+from agent.initiator.nvme.cli import NvmeCli
+from agent.initiator.nvme.failures import (
     PermanentConnectError,
     TransientConnectError,
     classify_connect_failure,
 )
+from agent.initiator.nvme.options import FabricsOptions
 from agent.initiator.sysfs import Sysfs
 from agent.log import configure_logging
 from agent.system.run import CommandResult, SubprocessRunner, shown

@@ -22,13 +22,10 @@ from agent.initiator.connect import (
     find_controllers,
     pool_entries,
 )
-from agent.initiator.nvmecli import (
-    FabricsOptions,
-    NvmeCli,
-    PermanentConnectError,
-    TransientConnectError,
-    parse_discover,
-)
+from agent.initiator.nvme.cli import NvmeCli
+from agent.initiator.nvme.discovery import parse_discover
+from agent.initiator.nvme.failures import PermanentConnectError, TransientConnectError
+from agent.initiator.nvme.options import FabricsOptions
 from agent.initiator.sysfs import Sysfs
 from agent.system.run import CommandResult
 from tests.unit.fakerunner import FakeRunner
@@ -330,7 +327,7 @@ def test_disconnect_nothing_to_do(kernel: FakeKernel) -> None:
 
 def entry(subnqn: str, traddr: str = "10.0.0.1", trsvcid: str = "4420",
           subtype: str = "nvme subsystem"):
-    from agent.initiator.nvmecli import DiscoveryEntry
+    from agent.initiator.nvme.discovery import DiscoveryEntry
     return DiscoveryEntry(FabricsAddress("tcp", traddr, trsvcid), "ipv4", subtype, subnqn, 1)
 
 

@@ -1,4 +1,5 @@
-"""nvme-cli parsers over recorded output of several releases, and connect error classes."""
+"""nvme-cli (agent/initiator/nvme/): parsers over recorded output of several releases,
+connect error classes, the commands through the NvmeCli facade."""
 
 from __future__ import annotations
 
@@ -7,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from agent.initiator import nvmecli
-from agent.initiator.nvmecli import (
+from agent.initiator.nvme import controllers, discovery, kmsg, listing
+from agent.initiator.nvme.cli import NvmeCli, parse_version
+from agent.initiator.nvme.failures import (
     AlreadyConnected,
-    FabricsOptions,
-    NvmeCli,
-    NvmeCliError,
     PermanentConnectError,
     TransientConnectError,
     classify_connect_failure,
 )
+from agent.initiator.nvme.options import FabricsOptions, check_fabrics_values
+from agent.initiator.nvme.output import NvmeCliError
 from agent.system.run import CommandResult, CommandTimeout
 from tests.unit.fakerunner import FakeRunner
 
@@ -40,13 +41,13 @@ def result_of(c: dict) -> CommandResult:
 
 def host_lines(c: dict) -> list[str]:
     """What KernelLog keeps from the recorded kernel lines (host side only)."""
-    return [ln for ln in c["kernel"] if nvmecli.KernelLog._KEEP.match(ln)]
+    return [ln for ln in c["kernel"] if kmsg.KernelLog._KEEP.match(ln)]
 
 
 # ------------------------------------------------------------------ parsers
 
 def test_version_2_3() -> None:
-    v = nvmecli.parse_version(text(V23 / "version.txt"))
+    v = parse_version(text(V23 / "version.txt"))
     assert v.version == (2, 3)
     assert v.libnvme == (1, 3)
     assert v.text == "2.3"
@@ -54,15 +55,15 @@ def test_version_2_3() -> None:
 
 def test_version_garbage_is_an_error() -> None:
     with pytest.raises(NvmeCliError):
-        nvmecli.parse_version("command not found")
+        parse_version("command not found")
 
 
 @pytest.mark.parametrize("name", ["discover-ref.json", "discover-local.json"])
 def test_discover_2_3(name: str) -> None:
-    entries = nvmecli.parse_discover(text(V23 / name))
+    entries = discovery.parse_discover(text(V23 / name))
     assert len(entries) == 2
     disc, nvm = entries
-    assert not disc.is_nvm_subsystem and disc.subnqn == nvmecli.DISCOVERY_NQN
+    assert not disc.is_nvm_subsystem and disc.subnqn == discovery.DISCOVERY_NQN
     assert nvm.is_nvm_subsystem
     assert (nvm.address.transport, nvm.address.traddr, nvm.address.trsvcid, nvm.portid,
             nvm.eflags) == (
@@ -70,16 +71,16 @@ def test_discover_2_3(name: str) -> None:
 
 
 def test_discover_lists_only_what_the_host_may_use() -> None:
-    local = [e.subnqn for e in nvmecli.parse_discover(text(V23 / "discover-local.json"))
+    local = [e.subnqn for e in discovery.parse_discover(text(V23 / "discover-local.json"))
              if e.is_nvm_subsystem]
-    other = [e.subnqn for e in nvmecli.parse_discover(text(V23 / "discover-other-host.json"))
+    other = [e.subnqn for e in discovery.parse_discover(text(V23 / "discover-other-host.json"))
              if e.is_nvm_subsystem]
     assert local == [POOL_NQN]
     assert other == ["nqn.2026-11.io.kvagent:gpu0-store:pool0:gpu1"]
 
 
 def test_discover_older_layout_with_device_and_spacing() -> None:
-    entries = nvmecli.parse_discover(text(OTHER / "nvme-1.14-discover-device.json"))
+    entries = discovery.parse_discover(text(OTHER / "nvme-1.14-discover-device.json"))
     assert [(e.subnqn, e.address.trsvcid, e.eflags) for e in entries] == [
         ("storage1", "8009", None), ("storage2", "8009", None)]
     assert all(e.is_nvm_subsystem for e in entries)
@@ -89,20 +90,20 @@ def test_discover_skips_records_without_address_and_tolerates_noise() -> None:
     noisy = "warning: something\n" + json.dumps(
         {"records": [{"subnqn": "nqn.x:y"}, {"traddr": "::1", "subnqn": "nqn.2026-11.a:b",
                                                "trtype": "TCP", "new_field": 3}]})
-    [entry] = nvmecli.parse_discover(noisy)
+    [entry] = discovery.parse_discover(noisy)
     assert (entry.address.traddr, entry.address.transport, entry.address.trsvcid) == (
         "::1", "tcp", "")
 
 
 def test_connect_output() -> None:
-    assert nvmecli.parse_connect(text(V23 / "connect-ref.json")) == "nvme0"
-    assert nvmecli.parse_connect(case("connect-ok")["stdout"]) == "nvme2"
-    assert nvmecli.parse_connect("") is None
+    assert controllers.parse_connect(text(V23 / "connect-ref.json")) == "nvme0"
+    assert controllers.parse_connect(case("connect-ok")["stdout"]) == "nvme2"
+    assert controllers.parse_connect("") is None
 
 
 @pytest.mark.parametrize("name", ["list-subsys-ref.json", "list-subsys.json"])
 def test_list_subsys_2_3(name: str) -> None:
-    subs = nvmecli.parse_list_subsys(text(V23 / name))
+    subs = listing.parse_list_subsys(text(V23 / name))
     fabrics = [s for s in subs if s.paths and s.paths[0].address.transport == "tcp"]
     [sub] = fabrics
     assert sub.hostnqn and sub.hostnqn.startswith("nqn.2014-08.org.nvmexpress:uuid:")
@@ -113,14 +114,14 @@ def test_list_subsys_2_3(name: str) -> None:
 
 
 def test_list_subsys_one_host_nqn_under_two_hostids() -> None:
-    subs = nvmecli.parse_list_subsys(text(V23 / "list-subsys-two-hostids.json"))
+    subs = listing.parse_list_subsys(text(V23 / "list-subsys-two-hostids.json"))
     assert len({s.hostnqn for s in subs}) == 1
     assert len({s.hostid for s in subs}) == 2
     assert {s.name for s in subs} == {"nvme-subsys0", "nvme-subsys1", "nvme-subsys2"}
 
 
 def test_list_subsys_later_2x_with_iopolicy() -> None:
-    [sub] = nvmecli.parse_list_subsys(text(OTHER / "nvme-2.x-list-subsys-iopolicy.json"))
+    [sub] = listing.parse_list_subsys(text(OTHER / "nvme-2.x-list-subsys-iopolicy.json"))
     assert sub.iopolicy == "round-robin"
     assert sub.hostid == "94300544-77e5-4544-a504-cf6778a60f5d"
     assert [p.address.traddr for p in sub.paths] == ["172.21.112.9", "172.21.112.8"]
@@ -128,7 +129,7 @@ def test_list_subsys_later_2x_with_iopolicy() -> None:
 
 
 def test_list_subsys_1x_object() -> None:
-    [sub] = nvmecli.parse_list_subsys(text(OTHER / "nvme-1.x-list-subsys.json"))
+    [sub] = listing.parse_list_subsys(text(OTHER / "nvme-1.x-list-subsys.json"))
     assert sub.hostnqn is None and sub.name == "nvme-subsys0"
     assert len(sub.paths) == 2
 
@@ -138,14 +139,14 @@ def test_list_subsys_1x_paths_as_separate_object() -> None:
                            {"Paths": [{"Name": "nvme0", "Transport": "tcp",
                                        "Address": "traddr=10.0.0.1 trsvcid=4420",
                                        "State": "live"}]}]}
-    [sub] = nvmecli.parse_list_subsys(json.dumps(data))
+    [sub] = listing.parse_list_subsys(json.dumps(data))
     [path] = sub.paths
     assert (path.address.traddr, path.address.trsvcid) == ("10.0.0.1", "4420")
 
 
 @pytest.mark.parametrize("name", ["list-ref.json", "list.json"])
 def test_list_flat_2_3(name: str) -> None:
-    devices = nvmecli.parse_list(text(V23 / name))
+    devices = listing.parse_list(text(V23 / name))
     fabrics = [d for d in devices if d.model == "Linux"]
     [dev] = fabrics
     assert dev.nsid == 1 and dev.device.startswith("/dev/nvme") and dev.sector_size == 512
@@ -153,14 +154,14 @@ def test_list_flat_2_3(name: str) -> None:
 
 
 def test_list_verbose_2_3_multipath_heads_under_subsystem() -> None:
-    devices = nvmecli.parse_list(text(V23 / "list-v.json"))
+    devices = listing.parse_list(text(V23 / "list-v.json"))
     mine = [d for d in devices if d.subsysnqn == POOL_NQN]
     [dev] = mine
     assert (dev.device, dev.nsid, dev.controller) == ("/dev/nvme2n1", 1, "nvme2")
 
 
 def test_list_nested_2_11() -> None:
-    devices = nvmecli.parse_list(text(OTHER / "nvme-2.11-list.json"))
+    devices = listing.parse_list(text(OTHER / "nvme-2.11-list.json"))
     assert [d.device for d in devices] == ["/dev/nvme0n1", "/dev/nvme1n1", "/dev/nvme2n1"]
     assert devices[2].controller == "nvme2" and devices[2].serial == "7VS00KNX"
     assert devices[0].used_bytes == 4000787030016
@@ -168,7 +169,7 @@ def test_list_nested_2_11() -> None:
 
 def test_no_json_is_a_clear_error() -> None:
     with pytest.raises(NvmeCliError, match="no JSON"):
-        nvmecli.parse_list("No NVMe devices detected.")
+        listing.parse_list("No NVMe devices detected.")
 
 
 # ------------------------------------------------------------ classification
@@ -364,7 +365,7 @@ INJECTED = "nqn.2026-11.io.kvagent:s:kv:gpu0,traddr=203.0.113.9"
 
 def test_a_value_with_a_separator_never_reaches_nvme_cli_or_the_fabrics_device() -> None:
     runner, written = FakeRunner(), []
-    cli = nvmecli.NvmeCli(runner, kernel_log=_NoKernelLog(),
+    cli = NvmeCli(runner, kernel_log=_NoKernelLog(),
                           fabrics_write=lambda text, _t: written.append(text) or "instance=9")
     with pytest.raises(PermanentConnectError, match=r"nqn .*traddr=203\.0\.113\.9.* contains"):
         cli.connect("tcp", "10.0.0.1", 4420, INJECTED, hostnqn="nqn.2014-08.org.x:h")
@@ -379,9 +380,9 @@ def test_a_value_with_a_separator_never_reaches_nvme_cli_or_the_fabrics_device()
 
 def test_a_secret_is_named_never_shown_and_its_base64_padding_is_fine() -> None:
     runner = FakeRunner()
-    cli = nvmecli.NvmeCli(runner, kernel_log=_NoKernelLog())
-    bad = nvmecli.FabricsOptions(dhchap_secret="DHHC-1:00:abc=,traddr=203.0.113.9:")
+    cli = NvmeCli(runner, kernel_log=_NoKernelLog())
+    bad = FabricsOptions(dhchap_secret="DHHC-1:00:abc=,traddr=203.0.113.9:")
     with pytest.raises(PermanentConnectError) as err:
         cli.connect("tcp", "10.0.0.1", 4420, "nqn.2014-08.org.x:s", options=bad)
     assert "(a secret)" in err.value.message and "abc" not in err.value.message
-    nvmecli.check_fabrics_values(dhchap_secret="DHHC-1:00:YWJjZA==:")  # padding is allowed
+    check_fabrics_values(dhchap_secret="DHHC-1:00:YWJjZA==:")  # padding is allowed

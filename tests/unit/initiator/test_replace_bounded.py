@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from agent import progress
-from agent.initiator import nvmecli
 from agent.initiator.connect import connect
-from agent.initiator.nvmecli import NvmeCli
+from agent.initiator.nvme import options
+from agent.initiator.nvme.cli import NvmeCli
 from agent.initiator.sysfs import Sysfs
 from agent.progress import Stopping, Tracker
 from agent.system.run import KILL_GRACE, SubprocessRunner
@@ -62,7 +62,7 @@ def blocked_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     with contextlib.suppress(BlockingIOError):
         while True:
             os.write(fd, b"x" * 4096)
-    monkeypatch.setattr(nvmecli, "FABRICS_DEV", str(fifo))
+    monkeypatch.setattr(options, "FABRICS_DEV", str(fifo))
     yield str(fifo)
     with contextlib.suppress(BlockingIOError):  # let a write still blocked there end
         while os.read(fd, 65536):
@@ -187,13 +187,13 @@ def test_the_write_command_reports_the_kernels_refusal_and_its_time_limit(
     """The command's answer, errno and time limit, as add_controller sees them."""
     run = SubprocessRunner()
     with pytest.raises(TimeoutError):
-        nvmecli.fabrics_write_command(run, "nqn=x", 0.5)
+        options.fabrics_write_command(run, "nqn=x", 0.5)
     device = tmp_path / "device"
     device.write_text("")
-    monkeypatch.setattr(nvmecli, "FABRICS_DEV", str(device))
-    assert nvmecli.fabrics_write_command(run, "instance=7,cntlid=1\n", 5) == ""
+    monkeypatch.setattr(options, "FABRICS_DEV", str(device))
+    assert options.fabrics_write_command(run, "instance=7,cntlid=1\n", 5) == ""
     assert device.read_text() == "instance=7,cntlid=1\n"  # the options went in on stdin
-    monkeypatch.setattr(nvmecli, "FABRICS_DEV", str(tmp_path / "gone"))
+    monkeypatch.setattr(options, "FABRICS_DEV", str(tmp_path / "gone"))
     with pytest.raises(OSError) as refused:
-        nvmecli.fabrics_write_command(run, "nqn=x", 5)
+        options.fabrics_write_command(run, "nqn=x", 5)
     assert refused.value.errno == errno.ENOENT

@@ -6,7 +6,7 @@ import pytest
 
 from agent.config import parse_config
 from agent.fabrics import FabricsAddress
-from agent.initiator.nvmecli import FabricsOptions
+from agent.initiator.nvme.options import FabricsOptions
 from agent.initiator.sysfs import Controller
 from agent.initiator.timeouts import Drift, Timeouts, drift, fix, unsupported
 

@@ -13,9 +13,9 @@ import pytest
 
 from agent.dhchap import write_secret
 from agent.fabrics import FabricsAddress
-from agent.initiator import reconcile
 from agent.initiator.connect import Target, connect
-from agent.initiator.nvmecli import FabricsOptions
+from agent.initiator.nvme.options import FabricsOptions
+from agent.initiator.stages import tlskeys
 from agent.initiator.sysfs import Sysfs
 from agent.tlspsk import generate_psk
 
@@ -177,8 +177,8 @@ SUB = f"{PREFIX}:store1:kv:gpu0"
 @pytest.fixture
 def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHost:
     h = fabrics_host(tmp_path, monkeypatch, [Export(SUB, [1])])
-    monkeypatch.setattr(reconcile, "tlshd_running", lambda: True)
-    monkeypatch.setattr(reconcile.PskKeyring, "missing", lambda self, *args: False)
+    monkeypatch.setattr(tlskeys, "tlshd_running", lambda: True)
+    monkeypatch.setattr(tlskeys.PskKeyring, "missing", lambda self, *args: False)
     return h
 
 

@@ -1,6 +1,6 @@
 """Write NVMe-oF connect options to ``/dev/nvme-fabrics`` and print the kernel's answer.
 
-Run as a command (:func:`agent.initiator.nvmecli.fabrics_write_command`), never imported:
+Run as a command (:func:`agent.initiator.nvme.options.fabrics_write_command`), never imported:
 ``python -I -S fabrics_writer.py DEVICE`` with the options on stdin (never on the command
 line: they hold secrets). The write blocks until the kernel has connected or failed; as a
 command it gets a time limit and SIGTERM like any other, and a write stuck in the kernel

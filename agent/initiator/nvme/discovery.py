@@ -1,0 +1,80 @@
+"""``nvme discover``: the discovery log page of a storage host's port, as this host.
+
+nvme-cli 2.3 prints ``{"genctr", "records": [...]}``; other releases add ``"device"``
+and record fields (``eflags``); spacing differs (fixtures under
+tests/unit/initiator/fixtures/).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ...fabrics import FabricsAddress
+from ...system.run import Runner
+from .failures import run_fabrics
+from .kmsg import KernelLogReader
+from .options import check_fabrics_values, host_args
+from .output import NVME, extract_json, get, int_of, list_of, text_of
+
+DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
+
+
+@dataclass(frozen=True)
+class DiscoveryEntry:
+    """One record of a discovery log page."""
+
+    #: its ``trtype``, ``traddr`` and ``trsvcid``
+    address: FabricsAddress
+    adrfam: str | None
+    subtype: str
+    subnqn: str
+    portid: int | None = None
+    treq: str | None = None
+    sectype: str | None = None
+    eflags: str | None = None
+
+    @property
+    def is_nvm_subsystem(self) -> bool:
+        """An I/O subsystem (not the discovery controller itself or a referral)."""
+        sub = self.subtype.lower()
+        if "discovery" in sub or "referral" in sub:
+            return False
+        return self.subnqn != DISCOVERY_NQN
+
+
+def parse_discover(text: str) -> list[DiscoveryEntry]:
+    """Records of ``nvme discover -o json``; records without address or NQN are skipped."""
+    data = extract_json(text)
+    records = get(data, "records") if isinstance(data, Mapping) else data
+    out = []
+    for item in list_of(records):
+        if not isinstance(item, Mapping):
+            continue
+        rec = {str(k).lower(): v for k, v in item.items()}
+        traddr, subnqn = text_of(rec.get("traddr")), text_of(rec.get("subnqn"))
+        if not traddr or not subnqn:
+            continue
+        out.append(DiscoveryEntry(
+            address=FabricsAddress.from_discovery(rec), adrfam=text_of(rec.get("adrfam")),
+            subtype=text_of(rec.get("subtype")) or "", subnqn=subnqn,
+            portid=int_of(rec.get("portid")), treq=text_of(rec.get("treq")),
+            sectype=text_of(rec.get("sectype")), eflags=text_of(rec.get("eflags")),
+        ))
+    return out
+
+
+def discover(run: Runner, kernel_log: KernelLogReader, transport: str, traddr: str,
+             trsvcid: str | int, *, timeout: float, hostnqn: str | None = None,
+             hostid: str | None = None, host_traddr: str | None = None,
+             host_iface: str | None = None, tls: bool = False) -> list[DiscoveryEntry]:
+    """The discovery log of ``traddr:trsvcid`` as this host (it lists only what we may
+    use); ``tls``: over NVMe/TCP TLS (a port with TLS required asks it of discovery)."""
+    check_fabrics_values(transport=transport, traddr=traddr, trsvcid=trsvcid,
+                         hostnqn=hostnqn, hostid=hostid, host_traddr=host_traddr,
+                         host_iface=host_iface)
+    argv = [NVME, "discover", "--transport", transport, "--traddr", traddr,
+            "--trsvcid", str(trsvcid), *host_args(hostnqn, hostid, host_traddr, host_iface),
+            *(["--tls"] if tls else []), "--output-format", "json"]
+    result = run_fabrics(run, kernel_log, argv, "discover", timeout)
+    return parse_discover(result.stdout)

@@ -1,0 +1,115 @@
+"""The way back: a pool's mounts unmounted and its controllers disconnected.
+
+For a pool dropped from the config (:func:`detach_pool`), and for what an earlier
+attach did that the config no longer asks for (:func:`drop_stale`). Only what the
+record shows kvagent made: filesystems on the pool's own devices (never lazily, and
+never while no controller of the pool is live: umount would wait on storage that does
+not answer), this host identity's controllers of the recorded subsystems, and the
+mount directories kvagent created, when empty.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...errors import KvagentError
+from ...log import get_logger
+from ...records import PoolAttachment, SubsystemPath
+from ..connect import disconnect_controllers
+from ..mounts import MountEntry, mounted_at, remove_mount_points, unmount
+from ..striped import deactivate, dm_name, volume_path
+from ..sysfs import read_attr
+from .context import StageContext
+
+log = get_logger("initiator")
+
+
+def detach_pool(ctx: StageContext, name: str, record: PoolAttachment) -> None:
+    """Unmount, deactivate (striped) and disconnect what ``record`` says pool ``name``
+    has; remove the mount directories kvagent created."""
+    _unmount_all(ctx, name, record.mounts, record)
+    striped = record.layout == "striped"
+    if striped and (ctx.dry_run or deactivate(name, ctx.runner)):
+        ctx.act(name, "lvm.deactivate", volume_path(name))
+    _disconnect_all(ctx, name, record.subsystems, record.hostnqn)
+    if ctx.dry_run:
+        return
+    removable = record.removable_dirs()
+    for d in sorted(set(record.created_dirs) - set(removable)):
+        log.warning("kept a recorded directory that is no mount of the pool",
+                    pool=name, directory=d)
+    removed = remove_mount_points(removable, ctx.seams.mountinfo)
+    for d in removed:
+        ctx.act(name, "rmdir", d, "mount directory kvagent created")
+
+
+def drop_stale(ctx: StageContext, name: str, old: PoolAttachment,
+               new: PoolAttachment) -> None:
+    """Undo what an earlier attach did that the config no longer asks for."""
+    stale_mounts = [m for m in old.mounts if m not in new.mounts]
+    _unmount_all(ctx, name, stale_mounts, old)
+    keep = {s.subsysnqn for s in new.subsystems}
+    stale = [s for s in old.subsystems if s.subsysnqn not in keep]
+    _disconnect_all(ctx, name, stale, old.hostnqn)
+
+
+def _unmount_all(ctx: StageContext, name: str, mounts: list[str],
+                 record: PoolAttachment) -> None:
+    for mount in reversed(mounts):
+        entry = mounted_at(mount, ctx.seams.mountinfo)
+        if entry is None:
+            continue
+        if not _is_pool_mount(ctx, name, entry, record):
+            raise KvagentError(
+                f"not unmounting {mount}: {entry.source} ({entry.fstype}) is mounted there, "
+                f"which is not a device of pool {name}",
+                "kvagent only unmounts what it mounted; unmount it yourself if it should go")
+        _check_reachable(ctx, name, mount, record)
+        if ctx.dry_run or unmount(mount, ctx.runner, ctx.seams.mountinfo):
+            ctx.act(name, "umount", mount)
+
+
+def _check_reachable(ctx: StageContext, name: str, mount: str, record: PoolAttachment) -> None:
+    """Refuse to unmount a pool none of whose controllers is live.
+
+    Unmounting flushes the filesystem; with the storage host gone and the kernel
+    still reconnecting (``ctrl_loss_tmo``), that I/O waits — umount would hang in
+    the kernel, beyond any timeout. The pool is reported instead.
+    """
+    subs = {s.subsysnqn for s in record.subsystems}
+    ctrls = [c for c in ctx.sysfs.controllers()
+             if c.subsysnqn in subs and c.hostnqn == record.hostnqn]
+    if not ctrls or any(c.state == "live" for c in ctrls):
+        return
+    states = ", ".join(f"{c.name} {c.state}" for c in ctrls)
+    raise KvagentError(
+        f"not unmounting {mount} of pool {name}: no controller of the pool is live "
+        f"({states}); unmounting would wait for storage that does not answer",
+        "kvagent detaches once the storage host answers again; to give up on its data "
+        "now, disconnect the pool's controllers (nvme disconnect -n NQN: pending I/O "
+        "fails) and apply again")
+
+
+def _is_pool_mount(ctx: StageContext, name: str, entry: MountEntry,
+                   record: PoolAttachment) -> bool:
+    dev = Path(ctx.cfg.node.sysfs) / "dev/block" / entry.device
+    uuid = read_attr(dev / "uuid")
+    if uuid is not None and uuid.lower() in {d.uuid.lower() for d in record.devices}:
+        return True
+    if record.layout == "striped" and read_attr(dev / "dm/name") == dm_name(name):
+        return True
+    known = {d.device for d in record.devices} | {
+        volume_path(name), f"/dev/mapper/{dm_name(name)}"}
+    return entry.source in known
+
+
+def _disconnect_all(ctx: StageContext, name: str, subsystems: list[SubsystemPath],
+                    hostnqn: str) -> None:
+    for sub in subsystems:
+        if ctx.dry_run:
+            ctx.act(name, "nvme.disconnect", sub.subsysnqn)
+            continue
+        gone = disconnect_controllers(sub.subsysnqn, hostnqn, cli=ctx.cli,
+                                      sysfs=ctx.sysfs)
+        if gone:
+            ctx.act(name, "nvme.disconnect", sub.subsysnqn, ", ".join(gone))

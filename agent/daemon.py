@@ -221,8 +221,8 @@ class Agent:
                                               counters=self.counters))
         snap = dataclasses.replace(snap, apply_busy=self.busy, counters=self.counters)
         self.store.set(snap)
-        if self.server is not None and self.server.metrics is not None:
-            self.server.metrics.warm()  # scrapes then only join what is formatted
+        if self.server is not None:
+            self.server.metrics.warm()  # scrapes then only add the head and the tail
         if self.cfg.health.textfile:
             try:
                 write_textfile(self.cfg.health.textfile, snap)

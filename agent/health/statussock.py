@@ -198,12 +198,16 @@ class StatusSocket:
 
     def _serve(self) -> None:
         while not self._stop.is_set():
-            for key, _ in self._selector.select(timeout=POLL):
-                if key.fileobj is self._sock:
-                    self._accept()
-                else:
-                    self._write(key.fileobj)  # type: ignore[arg-type]
-            self._reap(time.monotonic())
+            try:
+                for key, _ in self._selector.select(timeout=POLL):
+                    if key.fileobj is self._sock:
+                        self._accept()
+                    else:
+                        self._write(key.fileobj)  # type: ignore[arg-type]
+                self._reap(time.monotonic())
+            except Exception as exc:  # a bug must not end the thread silently
+                log.error("status socket failed", error=f"{type(exc).__name__}: {exc}")
+                time.sleep(POLL)
 
     def _accept(self) -> None:
         for _ in range(LISTEN_BACKLOG):
@@ -214,7 +218,11 @@ class StatusSocket:
             except OSError as exc:  # EMFILE and the like: the next loop tries again
                 log.warning("status socket cannot accept", error=str(exc))
                 return
-            pid, uid, _ = peer_credentials(conn)
+            try:
+                pid, uid, _ = peer_credentials(conn)
+            except OSError:
+                conn.close()
+                continue
             if not trusted_uid(uid):
                 self.refused += 1
                 log.warning("status socket: a client of another user closed", pid=pid,
@@ -223,9 +231,9 @@ class StatusSocket:
                 continue
             try:
                 data = self._payload()
-            except Exception as exc:  # a bug must not kill the thread
-                log.error("status socket failed", error=f"{type(exc).__name__}: {exc}")
-                data = b""
+            except Exception:
+                conn.close()
+                raise
             if not data:  # no snapshot yet: the client reads live
                 conn.close()
                 continue

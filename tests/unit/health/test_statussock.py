@@ -294,3 +294,25 @@ def test_the_client_does_not_follow_a_link_to_a_socket(run_dir: Path, tmp_path: 
         assert ask_agent(run_dir, me()) is None
         assert ask_agent(elsewhere, me()) is not None
         assert server.served == 1
+
+
+def test_a_bug_in_an_answer_does_not_end_the_thread(serving, run_dir,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.health import statussock
+
+    server, store, _ = serving
+    store.set(samples.healthy())
+    real = statussock.to_status_json
+    calls: list[int] = []
+
+    def once_broken(snap: Snapshot, **kw: object) -> dict:
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyError("a bug")
+        return real(snap, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(statussock, "to_status_json", once_broken)
+    with capture_logs() as logs:
+        assert ask_agent(run_dir, me()) is None
+    assert [e["log_level"] for e in logs if e["event"] == "status socket failed"] == ["error"]
+    assert ask_agent(run_dir, me()) is not None and server.served == 1

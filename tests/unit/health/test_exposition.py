@@ -185,7 +185,8 @@ def test_the_loop_warms_the_collected_part_and_its_deflate(
 
 
 def test_gzip_is_one_member_any_decoder_reads() -> None:
-    body = MetricsBody(lambda: many(pools=12))
+    snap = many(pools=12)
+    body = MetricsBody(lambda: snap)  # one snapshot: one body, with the process's series
     text, zipped = body.render(openmetrics), body.gzipped(openmetrics)
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     assert d.decompress(zipped) == text and d.eof and d.unused_data == b""

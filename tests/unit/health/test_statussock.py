@@ -313,6 +313,7 @@ def test_a_bug_in_an_answer_does_not_end_the_thread(serving, run_dir,
 
     monkeypatch.setattr(statussock, "to_status_json", once_broken)
     with capture_logs() as logs:
-        assert ask_agent(run_dir, me()) is None
+        assert ask_agent(run_dir, me()) is None  # closed before the thread logs why
+        wait_for(lambda: any(e["event"] == "status socket failed" for e in logs), "the log")
     assert [e["log_level"] for e in logs if e["event"] == "status socket failed"] == ["error"]
     assert ask_agent(run_dir, me()) is not None and server.served == 1

@@ -23,10 +23,12 @@ tries again.
 The agent records its pid and config file in ``node.run_dir``
 (:mod:`agent.daemonfiles`) so that ``kvagent apply`` asks it to reload (an apply
 request and SIGHUP) instead of applying beside it; the reload answers each
-request with the result of the pass it ran. Passes skipped because another
-process holds the apply lock are counted, recorded for ``kvagent status`` and,
-after :data:`~agent.health.snapshot.BUSY_PASSES_DEGRADED` in a row (or at once
-for a holder that is not kvagent's user), make the host degraded and /readyz 503.
+request with the result of the pass it ran. ``kvagent status`` reads the agent's
+last snapshot on its status socket there (:mod:`agent.health.statussock`). Passes
+skipped because another process holds the apply lock are counted, recorded for
+``kvagent status`` and, after :data:`~agent.health.snapshot.BUSY_PASSES_DEGRADED` in a
+row (or at once for a holder that is not kvagent's user), make the host degraded and
+/readyz 503.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from .health.collect import collect
 from .health.metrics import write_textfile
 from .health.server import HealthServer, SnapshotStore
 from .health.snapshot import ApplyBusy, ApplySummary, LoopCounters, Snapshot, overall_state
+from .health.statussock import StatusSocket
 from .health.watchdog import WatchdogSupervisor
 from .lock import Busy
 from .log import get_logger
@@ -108,6 +111,8 @@ class Agent:
         self.config_error: str | None = None
         self.last_apply: ApplySummary | None = None
         self.server: HealthServer | None = None
+        #: Where kvagent status reads the last snapshot (None: not serving).
+        self.status_socket: StatusSocket | None = None
         self.stopping = threading.Event()
         #: Set while passes are skipped because another process holds the apply lock.
         self.busy: ApplyBusy | None = None
@@ -224,8 +229,8 @@ class Agent:
                                               counters=self.counters))
         snap = dataclasses.replace(snap, apply_busy=self.busy, counters=self.counters)
         self.store.set(snap)
-        if self.server is not None and self.server.metrics is not None:
-            self.server.metrics.warm()  # scrapes then only join what is formatted
+        if self.server is not None:
+            self.server.metrics.warm()  # scrapes then only add the head and the tail
         if self.cfg.health.textfile:
             try:
                 write_textfile(self.cfg.health.textfile, snap)
@@ -297,6 +302,8 @@ class Agent:
         daemonfiles.register_daemon(self.run_dir, self.config_path or "")
 
     def _move_run_dir(self, new: str) -> None:
+        serving = self.status_socket is not None
+        self._stop_status_socket()
         daemonfiles.unregister_daemon(self.run_dir)
         daemonfiles.clear_busy(self.run_dir)
         self.run_dir = new
@@ -305,6 +312,25 @@ class Agent:
         except (KvagentError, OSError) as exc:
             log.error("cannot record the agent in the new run directory; kvagent apply "
                       "will not find it", run_dir=new, error=str(exc))
+            return
+        if serving:
+            self._start_status_socket()
+
+    def _start_status_socket(self) -> None:
+        """Serve kvagent status; without the socket it reads the host itself (logged)."""
+        try:
+            self.status_socket = StatusSocket(self.run_dir, self.store).start()
+        except (KvagentError, OSError) as exc:
+            self.status_socket = None
+            log.error("cannot serve kvagent status on the status socket; kvagent status "
+                      "reads the host itself", run_dir=self.run_dir,
+                      error=getattr(exc, "message", None) or str(exc),
+                      hint=getattr(exc, "hint", None))
+
+    def _stop_status_socket(self) -> None:
+        if self.status_socket is not None:
+            self.status_socket.shutdown()
+            self.status_socket = None
 
     def _restart_server(self) -> None:
         if self.server is not None:
@@ -326,6 +352,7 @@ class Agent:
         except BaseException:
             daemonfiles.unregister_daemon(self.run_dir)
             raise
+        self._start_status_socket()
         udev = UdevFeed(self.events)
         udev.start()
         watch = ControllerWatch(self.events, Path(self.cfg.node.sysfs))
@@ -343,6 +370,7 @@ class Agent:
             watch.stop()
             if self.server is not None:
                 self.server.shutdown()
+            self._stop_status_socket()
             daemonfiles.clear_busy(self.run_dir)
             daemonfiles.unregister_daemon(self.run_dir)
             log.info("agent stopped; exports, connections and mounts are left in place")

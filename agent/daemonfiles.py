@@ -9,6 +9,8 @@
 - ``apply-request-<id>`` / ``apply-result-<id>.json``: ``kvagent apply`` while a
   daemon runs writes a request, sends SIGHUP, and waits for the daemon's result of
   the reload and pass it triggered (see docs/architecture.md, "The loop").
+- ``status.sock``: the daemon's status socket (:mod:`agent.health.statussock`), where
+  ``kvagent status`` reads the daemon's last snapshot.
 
 Every file is 0600 in the private run directory (:mod:`agent.rundir`).
 """
@@ -34,6 +36,7 @@ DAEMON_RECORD = "daemon.json"
 BUSY_RECORD = "apply-busy.json"
 REQUEST_PREFIX = "apply-request-"
 RESULT_PREFIX = "apply-result-"
+STATUS_SOCKET = "status.sock"
 _ID = re.compile(r"[0-9a-f]{8,32}")
 
 

@@ -110,6 +110,6 @@ COMMANDS = {
     "plan": "apply_cmd:plan",
     "pool": "pool_cmd:pool_group",
     "run": "run_cmd:run",
-    "status": "run_cmd:status",
+    "status": "status_cmd:status",
     "target": "target_cmd:target_group",
 }

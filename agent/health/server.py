@@ -4,7 +4,9 @@ Every request reads the snapshot the loop last stored (:class:`SnapshotStore`);
 nothing here runs a command or touches the kernel, so a scrape storm cannot
 slow the loop down or stall on a stuck device.
 
-- ``/metrics``: Prometheus exposition (OpenMetrics when the scraper asks for it).
+- ``/metrics``: Prometheus exposition (OpenMetrics when the scraper asks for it), made
+  once per snapshot and format and gzip-compressed once for scrapers that accept it
+  (:mod:`agent.health.exposition`).
 - ``/healthz``: 200 while the loop ticked within ``stale_after`` seconds (default
   3x the interval), else 503; the body says how long ago it ticked.
 - ``/readyz``: 200 when every pool is ready and the apply lock is not stuck (see
@@ -25,14 +27,12 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from ..config.types import ListenAddress
 from ..errors import KvagentError
 from ..log import get_logger
 from .exposition import MetricsBody
-from .metrics import build_registry
 from .snapshot import Snapshot
 
 log = get_logger("health.server")
@@ -84,6 +84,30 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def accepts_gzip(values: list[str]) -> bool:
+    """Whether ``Accept-Encoding`` header values admit gzip (RFC 9110, 12.5.3): ``gzip`` or
+    ``x-gzip`` with a weight above 0, else ``*`` with one; absent or ``identity``: no."""
+    weights: dict[str, float] = {}
+    for item in ",".join(values).split(","):
+        coding, _, params = item.partition(";")
+        coding = coding.strip().lower()
+        if not coding:
+            continue
+        weight = 1.0
+        for param in params.split(";"):
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    weight = float(value.strip())
+                except ValueError:
+                    weight = 0.0  # unreadable: not accepted
+        weights[coding] = weight
+    for coding in ("gzip", "x-gzip", "*"):
+        if coding in weights:
+            return weights[coding] > 0
+    return False
 
 
 def health_check(snapshot: Snapshot | None, now: float, stale_after: float) -> tuple[int, str]:
@@ -163,9 +187,11 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if path == "/metrics":
                 encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                body = (health.metrics.render(encoder) if health.metrics is not None
-                        else encoder(health.registry))
-                self._send(200, body, content_type, send_body)
+                gzipped = accepts_gzip(self.headers.get_all("Accept-Encoding") or [])
+                body = (health.metrics.gzipped(encoder, content_type) if gzipped
+                        else health.metrics.render(encoder, content_type))
+                self._send(200, body, content_type, send_body,
+                           encoding="gzip" if gzipped else None, vary=True)
             elif path == "/healthz":
                 status, text = health_check(health.store.get(), health.clock(),
                                             health.stale_after)
@@ -182,9 +208,14 @@ class _Handler(BaseHTTPRequestHandler):
             log.error("health endpoint failed", path=path, error=f"{type(exc).__name__}: {exc}")
             self._send(500, b"internal error\n", "text/plain; charset=utf-8", send_body)
 
-    def _send(self, status: int, body: bytes, content_type: str, send_body: bool) -> None:
+    def _send(self, status: int, body: bytes, content_type: str, send_body: bool,
+              encoding: str | None = None, vary: bool = False) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
+        if encoding is not None:
+            self.send_header("Content-Encoding", encoding)
+        if vary:  # the body depends on Accept-Encoding (caches must not mix them up)
+            self.send_header("Vary", "Accept-Encoding")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.send_header("Connection", "close")
@@ -349,17 +380,13 @@ class HealthServer:
     def __init__(self, store: SnapshotStore, *, host: str = "127.0.0.1", port: int = 9808,
                  interval: float = 30.0, stale_after: float | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 registry: CollectorRegistry | None = None,
                  max_connections: int = MAX_CONNECTIONS,
                  request_deadline: float = REQUEST_DEADLINE):
         self.store = store
         self.clock = clock
         self.stale_after = stale_after if stale_after is not None else STALE_INTERVALS * interval
-        self.registry = registry if registry is not None else build_registry(store.get,
-                                                                             process=True)
-        #: The body of /metrics, formatted once per collected snapshot (None: a
-        #: ``registry`` was given, which is encoded on every scrape).
-        self.metrics = MetricsBody(store.get) if registry is None else None
+        #: The body of /metrics, made once per snapshot and format (gzip: once more).
+        self.metrics = MetricsBody(store.get)
         if not is_loopback(host):
             log.warning("health endpoint listens beyond loopback: /metrics, /healthz and "
                         "/readyz are reachable from the network", host=host, port=port)

@@ -314,10 +314,26 @@ class Snapshot:
     counters: LoopCounters = field(default_factory=LoopCounters)
     #: Set while another process holds the apply lock (see :class:`ApplyBusy`).
     apply_busy: ApplyBusy | None = None
+    #: When its data was collected (wall clock, monotonic), once a tick re-stamped it;
+    #: None: at ``taken_at`` / ``tick_at``.
+    collected_at: float | None = None
+    collected_tick: float | None = None
 
     def ticked(self, *, taken_at: float, tick_at: float) -> Snapshot:
         """The same snapshot re-stamped by a loop tick that collected nothing new."""
-        return dataclasses.replace(self, taken_at=taken_at, tick_at=tick_at)
+        return dataclasses.replace(self, taken_at=taken_at, tick_at=tick_at,
+                                   collected_at=self.collect_time,
+                                   collected_tick=self.collect_tick)
+
+    @property
+    def collect_time(self) -> float:
+        """When the data was collected (wall clock), whatever ticks came since."""
+        return self.taken_at if self.collected_at is None else self.collected_at
+
+    @property
+    def collect_tick(self) -> float:
+        """When the data was collected (``time.monotonic()``)."""
+        return self.tick_at if self.collected_tick is None else self.collected_tick
 
     def controllers_of(self, pool: str) -> tuple[ControllerHealth, ...]:
         return tuple(c for c in self.controllers if c.pool == pool)

@@ -1,13 +1,19 @@
-"""``kvagent status``: a snapshot as JSON (schema: agent/schemas/status.schema.json) or a table."""
+"""``kvagent status``: a snapshot as JSON (schema: agent/schemas/status.schema.json) or a table.
+
+The table is rendered from the JSON, so a status the agent serves as JSON (its status
+socket, :mod:`agent.health.statussock`) prints as the same table a live read would.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime, timezone
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 from .. import __version__
+from ..lock import LockHolder
 from ..text import table
 from .snapshot import (
     ApplyBusy,
@@ -23,6 +29,9 @@ from .snapshot import (
 
 STATUS_FORMAT = 1
 SCHEMA_RESOURCE = "status.schema.json"
+#: Who collected what a status shows: the running agent (``kvagent run``), or the
+#: command itself (a live read).
+Source = Literal["agent", "live"]
 
 
 def load_status_schema() -> dict[str, Any]:
@@ -108,14 +117,20 @@ def _busy_json(busy: ApplyBusy | None) -> dict[str, Any] | None:
             "holder": None if busy.holder is None else busy.holder.to_json()}
 
 
-def to_status_json(snapshot: Snapshot) -> dict[str, Any]:
-    """The snapshot as plain JSON values, in the shape the status schema describes."""
+def to_status_json(snapshot: Snapshot, *, source: Source = "live", pid: int | None = None,
+                   age_seconds: float = 0.0) -> dict[str, Any]:
+    """The snapshot as plain JSON values, in the shape the status schema describes.
+
+    ``source``, ``pid`` (default: this process) and ``age_seconds`` say who collected it
+    and how long ago (``collected``)."""
     apply = snapshot.last_apply
     return {
         "format": STATUS_FORMAT,
         "agent_version": __version__,
         "node": snapshot.node,
-        "taken_at": _iso(snapshot.taken_at),
+        "taken_at": _iso(snapshot.collect_time),
+        "collected": {"source": source, "pid": os.getpid() if pid is None else pid,
+                      "age_seconds": round(max(0.0, age_seconds), 3)},
         "state": overall_state(snapshot),
         "exit_code": exit_code(snapshot),
         "problems": list(host_problems(snapshot)),
@@ -156,93 +171,114 @@ def _opt(value: object, suffix: str = "") -> str:
     return "-" if value is None else f"{value}{suffix}"
 
 
-def _pool_detail(pool: PoolHealth) -> str:
-    if pool.target is not None:
-        t = pool.target
-        hosts = "hosts n/a" if t.hosts_connected is None else f"hosts {t.hosts_connected}"
-        return (f"subsys {t.subsystems_present}/{t.subsystems_expected}  "
-                f"ns {t.namespaces_enabled}/{t.namespaces_expected} enabled  "
-                f"ports {t.ports_linked}/{t.ports_expected} linked  {hosts}")
-    if pool.initiator is not None:
-        i = pool.initiator
-        mount = i.mount_path or "-"
-        if i.mount_path:
-            mount += "" if i.mounted else " (not mounted)"
-        free = f"  free {_bytes(i.free_bytes)} of {_bytes(i.size_bytes)}" if i.mounted else ""
-        dead = f"  xfs SHUT DOWN on {len(i.mounts_shut_down)}" if i.mounts_shut_down else ""
-        recovered = f"  recovered {i.recoveries}x" if i.recoveries else ""
-        return (f"ctrl {i.controllers_live}/{i.controllers_expected} live  "
-                f"ns {i.namespaces_found}/{i.namespaces_expected}  {mount}{free}{dead}"
-                f"{recovered}")
+Doc = dict[str, Any]
+
+
+def _pool_detail(pool: Doc) -> str:
+    if pool["target"] is not None:
+        t = pool["target"]
+        hosts = "hosts n/a" if t["hosts_connected"] is None else f"hosts {t['hosts_connected']}"
+        return (f"subsys {t['subsystems']['present']}/{t['subsystems']['expected']}  "
+                f"ns {t['namespaces']['enabled']}/{t['namespaces']['expected']} enabled  "
+                f"ports {t['ports']['linked']}/{t['ports']['expected']} linked  {hosts}")
+    if pool["initiator"] is not None:
+        i = pool["initiator"]
+        m = i["mount"]
+        mount = m["path"] or "-"
+        if m["path"]:
+            mount += "" if m["mounted"] else " (not mounted)"
+        free = (f"  free {_bytes(m['free_bytes'])} of {_bytes(m['size_bytes'])}"
+                if m["mounted"] else "")
+        dead = f"  xfs SHUT DOWN on {len(m['shut_down'])}" if m["shut_down"] else ""
+        count = i["recoveries"]["count"]
+        recovered = f"  recovered {count}x" if count else ""
+        return (f"ctrl {i['controllers']['live']}/{i['controllers']['expected']} live  "
+                f"ns {i['namespaces']['found']}/{i['namespaces']['expected']}  "
+                f"{mount}{free}{dead}{recovered}")
     return ""
 
 
-def _engine_flag(e: EngineUsage) -> str:
-    if e.over_cap:
+def _engine_flag(e: Doc) -> str:
+    if e["over_cap"]:
         return "OVER CAP"
-    return "AT CAP (ENOSPC)" if e.at_cap else ""
+    return "AT CAP (ENOSPC)" if e["at_cap"] else ""
 
 
-def _cleaner_text(e: EngineUsage) -> str:
-    c = e.cleaner
-    if c is None or (not c.enabled and not c.runs):
+def _cleaner_text(e: Doc) -> str:
+    c = e["cleaner"]
+    if c is None or (not c["enabled"] and not c["runs"]):
         return "off"
-    state = "on" if c.enabled else "off"
-    return f"{state}, {c.runs} run(s), {_bytes(c.deleted_bytes)} deleted" if c.runs else state
+    state = "on" if c["enabled"] else "off"
+    return (f"{state}, {c['runs']} run(s), {_bytes(c['deleted_bytes'])} deleted" if c["runs"]
+            else state)
 
 
 def render_status_text(snapshot: Snapshot) -> str:
-    """A human-readable report: pools, controllers, engines, drives, last apply, problems."""
-    state = overall_state(snapshot)
-    out = [f"node {snapshot.node}: {state.upper()}  (as of {_iso(snapshot.taken_at)})"]
-    if snapshot.pools:
-        rows = [[p.role, p.name, p.state, "yes" if p.ready else "no", _pool_detail(p)]
-                for p in snapshot.pools]
+    """A human-readable report of a snapshot (see :func:`render_status_doc`)."""
+    return render_status_doc(to_status_json(snapshot))
+
+
+def render_status_doc(doc: Doc) -> str:
+    """A human-readable report of a status JSON document: pools, controllers, engines,
+    drives, last apply, problems, and who collected it when the agent did."""
+    out = [f"node {doc['node']}: {doc['state'].upper()}  (as of {doc['taken_at']})"]
+    collected = doc.get("collected") or {}
+    if collected.get("source") == "agent":
+        out.append(f"collected {collected['age_seconds']:.1f} s ago by kvagent run "
+                   f"(pid {collected['pid']})")
+    pools = doc["pools"]
+    if pools:
+        rows = [[p["role"], p["name"], p["state"], "yes" if p["ready"] else "no",
+                 _pool_detail(p)] for p in pools]
         out += ["", table(rows, ["ROLE", "POOL", "STATE", "READY", "DETAIL"])]
     else:
         out += ["", "no pools configured"]
-    if snapshot.controllers:
-        rows = [[c.name, c.pool, c.state, c.transport, f"{c.traddr}:{c.trsvcid}",
-                 c.iopolicy or "-", " ".join(f"{p.path}={p.state}" for p in c.paths) or "-"]
-                for c in snapshot.controllers]
+    if doc["controllers"]:
+        rows = [[c["name"], c["pool"], c["state"], c["transport"],
+                 f"{c['traddr']}:{c['trsvcid']}", c["iopolicy"] or "-",
+                 " ".join(f"{p['path']}={p['ana_state']}" for p in c["paths"]) or "-"]
+                for c in doc["controllers"]]
         out += ["", table(rows, ["CONTROLLER", "POOL", "STATE", "TRANSPORT", "ADDRESS",
                                  "IOPOLICY", "ANA"])]
-    engine_rows = [[p.name, e.kind, _bytes(e.used_bytes) + ("" if e.complete else "+"),
-                    _bytes(e.cap_bytes), "hard" if e.enforced else "advisory", e.source,
-                    _cleaner_text(e), _engine_flag(e)]
-                   for p in snapshot.pools if p.initiator is not None
-                   for e in p.initiator.engines]
+    engine_rows = [[p["name"], e["kind"], _bytes(e["used_bytes"]) + ("" if e["complete"]
+                                                                     else "+"),
+                    _bytes(e["cap_bytes"]), "hard" if e["enforced"] else "advisory",
+                    e["source"], _cleaner_text(e), _engine_flag(e)]
+                   for p in pools if p["initiator"] is not None
+                   for e in p["initiator"]["engines"]]
     if engine_rows:
         out += ["", table(engine_rows, ["POOL", "ENGINE", "USED", "CAP", "CAP KIND", "USAGE",
                                         "CLEANER", ""])]
-    probe_rows = [[p.name, k, str(v)] for p in snapshot.pools if p.probe
-                  for k, v in sorted(p.probe.items())]
+    probe_rows = [[p["name"], k, str(v)] for p in pools if p["probe"]
+                  for k, v in sorted(p["probe"].items())]
     if probe_rows:
         out += ["", table(probe_rows, ["POOL", "PROBE", "RESULT"])]
-    if snapshot.drives:
-        rows = [[d.device, d.model or "-",
-                 "-" if d.temperature_celsius is None else f"{d.temperature_celsius:.0f}°C",
-                 _opt(d.percent_used, "%"), _opt(d.available_spare, "%"),
-                 _opt(d.media_errors),
-                 "ok" if d.healthy else f"{len(d.problems)} problem(s), see below"]
-                for d in snapshot.drives]
+    if doc["drives"]:
+        rows = [[d["device"], d["model"] or "-",
+                 "-" if d["temperature_celsius"] is None
+                 else f"{d['temperature_celsius']:.0f}°C",
+                 _opt(d["percent_used"], "%"), _opt(d["available_spare"], "%"),
+                 _opt(d["media_errors"]),
+                 "ok" if d["healthy"] else f"{len(d['problems'])} problem(s), see below"]
+                for d in doc["drives"]]
         out += ["", table(rows, ["DRIVE", "MODEL", "TEMP", "USED", "SPARE", "MEDIA-ERR",
                                  "HEALTH"])]
-    apply = snapshot.last_apply
+    apply = doc["last_apply"]
     out.append("")
     if apply is None:
         out.append("last apply: none yet")
     else:
-        verdict = "ok" if apply.ok else f"FAILED ({apply.failed} failed)"
-        out.append(f"last apply: {verdict}, {apply.changed} changed, at "
-                   f"{_iso(apply.finished_at)}")
-    busy = snapshot.apply_busy
+        verdict = "ok" if apply["ok"] else f"FAILED ({apply['failed']} failed)"
+        out.append(f"last apply: {verdict}, {apply['changed']} changed, at "
+                   f"{apply['finished_at']}")
+    busy = doc["apply_busy"]
     if busy is not None:
-        holder = busy.holder.describe() if busy.holder else "an unknown process"
-        skipped = (f", {busy.passes} pass(es) in a row skipped since {_iso(busy.since)}"
-                   if busy.passes and busy.since is not None else "")
+        holder = (LockHolder.from_json(busy["holder"]).describe() if busy["holder"]
+                  else "an unknown process")
+        skipped = (f", {busy['passes']} pass(es) in a row skipped since {busy['since']}"
+                   if busy["passes"] and busy["since"] is not None else "")
         out.append(f"apply lock: held by {holder}{skipped}")
-    problems = host_problems(snapshot)
+    problems = doc["problems"]
     if problems:
         out += ["", "problems:", *(f"  - {p}" for p in problems)]
     return "\n".join(out) + "\n"

@@ -28,7 +28,7 @@ from agent.cli import delegate
 from agent.cli.main import main
 from agent.config import load_config
 from agent.daemon import Agent
-from agent.daemonfiles import DAEMON_RECORD, live_daemon, register_daemon
+from agent.daemonfiles import DAEMON_RECORD, STATUS_SOCKET, live_daemon, register_daemon
 from agent.health.notify import Notifier
 from agent.lock import apply_lock
 from agent.rundir import process_start_time
@@ -375,6 +375,12 @@ def test_agent_record_follows_a_reloaded_run_dir(tmp_path: Path) -> None:
     wait_for(lambda: live_daemon(tmp_path / "run2"), 30, "the record in the new run dir")
     assert live_daemon(tmp_path / "run") is None
     assert not (tmp_path / "run" / DAEMON_RECORD).exists()
+    # the status socket moves with it
+    wait_for(lambda: (tmp_path / "run2" / STATUS_SOCKET).exists(), 30, "the new socket")
+    assert not (tmp_path / "run" / STATUS_SOCKET).exists()
+    served = CliRunner().invoke(main, ["-c", str(config), "-o", "json", "status"])
+    assert json.loads(served.stdout)["collected"]["source"] == "agent", served.output
     agent.events.put("stop")
     thread.join(timeout=30)
     assert not (tmp_path / "run2" / DAEMON_RECORD).exists()
+    assert not (tmp_path / "run2" / STATUS_SOCKET).exists()

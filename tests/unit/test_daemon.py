@@ -156,3 +156,67 @@ def test_event_queue_survives_a_sighup_storm() -> None:
                           timeout=60, check=False, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("survived ") and int(proc.stdout.split()[1]) > 0
+
+
+def test_status_from_the_running_agent_and_gzip_metrics(tmp_path: Path) -> None:
+    """A real loop (fake runner): kvagent status shows the agent's snapshot with its age
+    and pid, --live reads here, /metrics comes gzip-compressed when asked; after the
+    stop the socket is gone and kvagent status reads live."""
+    import gzip
+    import json
+    import os
+    import stat
+    import time
+
+    from click.testing import CliRunner
+
+    from agent.cli.main import main
+    from agent.daemonfiles import STATUS_SOCKET
+    from agent.health.status import to_status_json
+
+    config = tmp_path / "kvagent.yaml"
+    port = free_port()
+    write_config(config, tmp_path, port)
+    agent = Agent(str(config), load_config(config), runner=FakeRunner(),
+                  notifier=Notifier(env={}))
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while agent.status_socket is None or agent.store.get() is None:
+            assert time.monotonic() < deadline and thread.is_alive(), "no first pass"
+            thread.join(0.05)
+        sock = tmp_path / "run" / STATUS_SOCKET
+        assert stat.S_ISSOCK(sock.lstat().st_mode)
+        assert stat.S_IMODE(sock.lstat().st_mode) == 0o600
+        res = CliRunner().invoke(main, ["-c", str(config), "-o", "json", "status"])
+        assert res.exit_code == 0, res.output
+        doc = json.loads(res.stdout)
+        assert doc["collected"]["source"] == "agent" and doc["collected"]["pid"] == os.getpid()
+        assert doc["collected"]["age_seconds"] >= 0
+        want = to_status_json(agent.store.get())
+        assert {k: v for k, v in doc.items() if k != "collected"} == {
+            k: v for k, v in want.items() if k != "collected"}
+        assert doc["counters"]["apply_runs"] == agent.counters.apply_runs >= 1
+        text = CliRunner().invoke(main, ["-c", str(config), "status"]).stdout
+        assert f"by kvagent run (pid {os.getpid()})" in text.splitlines()[1]
+        live = CliRunner().invoke(main, ["-c", str(config), "-o", "json", "status", "--live"])
+        assert json.loads(live.stdout)["collected"]["source"] == "live"
+        assert live.exit_code == res.exit_code
+        served = agent.status_socket.served
+        assert served == 2
+
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                         headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(request, timeout=10) as r:
+            assert r.headers["Content-Encoding"] == "gzip"
+            body = gzip.decompress(r.read()).decode()
+        families = {f.name for f in text_string_to_metric_families(body)}
+        assert {"kvagent_last_apply_success", "process_resident_memory_bytes"} <= families
+    finally:
+        agent.events.put("stop")
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert not (tmp_path / "run" / STATUS_SOCKET).exists()
+    after = CliRunner().invoke(main, ["-c", str(config), "-o", "json", "status"])
+    assert json.loads(after.stdout)["collected"]["source"] == "live"

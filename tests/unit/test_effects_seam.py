@@ -100,6 +100,9 @@ ALLOWED: dict[str, tuple[frozenset[str], str]] = {
     "agent/rundir.py": (frozenset({"Path.mkdir", "os.fchmod"}),
                         "the run directory: the apply lock and daemon files on /run"),
     "agent/daemonfiles.py": (frozenset({"os.unlink"}), "the daemon's files in the run dir"),
+    "agent/health/statussock.py": (frozenset({"os.fchmod", "os.chmod", "os.unlink"}),
+                                   "the daemon's status socket in the run dir (0600; a "
+                                   "stale one of its own replaced, its own removed)"),
 }
 
 

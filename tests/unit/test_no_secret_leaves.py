@@ -17,8 +17,9 @@ log line and errors are what production shows) with ``subprocess.Popen`` answere
 the fakes, so nothing runs on this machine. Also: each command against a config that
 pastes a secret where its file belongs, apply failures (a secret file with the wrong
 mode, one that fails its CRC, nvmet refusing a secret write, a connect refused), the
-agent (``kvagent run``: its /metrics, /healthz, /readyz and textfile after its first
-pass, after a pass that fails on a secret file and after a refused reload), the nvmet
+agent (``kvagent run``: its /metrics (plain and gzip), /healthz, /readyz, the status it
+serves to ``kvagent status`` on its socket and its textfile after its first pass, after
+a pass that fails on a secret file and after a refused reload), the nvmet
 library's own logging, and every file kvagent wrote. A secret is looked for whole, as
 its base64 field, as that field's first 20 characters and as its key in hex.
 
@@ -38,7 +39,9 @@ import base64
 import dataclasses
 import errno
 import functools
+import gzip
 import io
+import json
 import logging
 import os
 import shutil
@@ -62,10 +65,11 @@ from click.testing import CliRunner
 
 import nvmet
 from agent import progress
-from agent.cli import bench_cmd, run_cmd
+from agent.cli import bench_cmd, run_cmd, status_cmd
 from agent.cli.main import main
 from agent.dhchap import Secret, generate, write_secret
 from agent.engines import handoff
+from agent.health.status import render_status_doc
 from agent.initiator import reconcile as initiator_reconcile
 from agent.initiator.nvme.cli import NvmeCli
 from agent.initiator.nvme.kmsg import NoKernelLog
@@ -361,15 +365,16 @@ initiator:
         real_hand_off = handoff.hand_off
         mp.setattr(handoff, "hand_off", functools.partial(
             real_hand_off, probe=gpu.probe, quotas=self.quota, mountinfo=gpu.mountinfo))
-        real_collect = run_cmd.collect
+        from agent import daemon
+        from agent.health import collect as health_collect
+        real_collect = health_collect.collect
 
         def collect(cfg: Any, runner: Any, **kw: Any) -> Any:
             if cfg.initiator is not None:
                 kw.update(mountinfo=gpu.mountinfo, quota=self.quota)
             return real_collect(cfg, runner, **kw)
 
-        mp.setattr(run_cmd, "collect", collect)
-        from agent import daemon
+        mp.setattr(health_collect, "collect", collect)  # kvagent status, imported when used
         mp.setattr(daemon, "collect", collect)
 
     def gpu_yaml_with_refused_pools(self) -> str:
@@ -456,6 +461,18 @@ initiator:
             for path in ("/metrics", "/healthz", "/readyz"):
                 self.captures.append(Capture(f"[{host} run -o {fmt}] GET {path} {when}",
                                              http_get(url + path)))
+            metrics = urllib.request.Request(url + "/metrics",
+                                             headers={"Accept-Encoding": "gzip"})
+            with urllib.request.urlopen(metrics, timeout=10) as r:
+                body = gzip.decompress(r.read()).decode()
+            self.captures.append(Capture(f"[{host} run -o {fmt}] GET /metrics (gzip) {when}",
+                                         body))
+            # kvagent status as the agent serves it on its socket (JSON, and its table)
+            served = status_cmd.from_agent(agents[0].cfg, str(self.config_of(host)))
+            assert served is not None and served["collected"]["source"] == "agent", when
+            self.captures.append(Capture(
+                f"[{host} run -o {fmt}] kvagent status from the agent {when}",
+                json.dumps(served, indent=2) + "\n" + render_status_doc(served)))
 
         def wait(predicate: Callable[[], bool], what: str) -> None:
             deadline = time.monotonic() + 60

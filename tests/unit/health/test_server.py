@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import re
 import socket
@@ -12,12 +13,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from agent.config.types import ListenAddress
+from agent.health import exposition
 from agent.health.server import (
     MAX_CONNECTIONS,
     WORKERS,
     HealthEndpointError,
     HealthServer,
     SnapshotStore,
+    accepts_gzip,
 )
 from tests.unit.health import samples
 
@@ -75,6 +78,79 @@ def test_metrics_openmetrics_when_asked(setup) -> None:
     assert status == 200
     assert headers["Content-Type"].startswith("application/openmetrics-text")
     assert body.rstrip().endswith("# EOF")
+
+
+def fetch(server: HealthServer, method: str = "GET",
+          headers: dict[str, str] | None = None) -> tuple[bytes, dict[str, str]]:
+    """/metrics as bytes, not decoded (http.client never decompresses)."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
+    try:
+        conn.request(method, "/metrics", headers=headers or {})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        return resp.read(), dict(resp.getheaders())
+    finally:
+        conn.close()
+
+
+ENCODINGS = {None: False, "gzip": True, "gzip;q=0": False, "identity": False,
+             "br, gzip": True}
+
+
+def test_metrics_gzip_when_accepted_and_the_same_bytes(setup) -> None:
+    server, store, _ = setup
+    store.set(samples.healthy())
+    plain, headers = fetch(server)
+    assert "Content-Encoding" not in headers and headers["Vary"] == "Accept-Encoding"
+    for value, zipped in ENCODINGS.items():
+        body, headers = fetch(server, headers={} if value is None
+                              else {"Accept-Encoding": value})
+        assert headers.get("Content-Encoding") == ("gzip" if zipped else None), value
+        assert int(headers["Content-Length"]) == len(body)
+        assert (gzip.decompress(body) if zipped else body) == plain, value
+        if zipped:
+            assert len(body) < len(plain) // 4
+        head, head_headers = fetch(server, "HEAD", {} if value is None
+                                   else {"Accept-Encoding": value})
+        assert head == b"" and head_headers.get("Content-Encoding") == headers.get(
+            "Content-Encoding")
+        assert head_headers["Content-Length"] == headers["Content-Length"], value
+    om, headers = fetch(server, headers={"Accept": "application/openmetrics-text; "
+                                         "version=1.0.0", "Accept-Encoding": "gzip"})
+    assert headers["Content-Type"].startswith("application/openmetrics-text")
+    assert gzip.decompress(om).endswith(b"# EOF\n")
+
+
+def test_many_scrapes_of_one_snapshot_make_one_body_and_one_gzip(setup, monkeypatch) -> None:
+    server, store, _ = setup
+    store.set(samples.healthy())
+    made: list[str] = []
+    real_body, real_member = exposition._Body, exposition.gzip_member
+    monkeypatch.setattr(exposition, "_Body", lambda *a: made.append("body") or real_body(*a))
+    monkeypatch.setattr(exposition, "gzip_member",
+                        lambda parts: made.append("gzip") or real_member(parts))
+    bodies = set()
+    for n in range(60):
+        value = list(ENCODINGS)[n % len(ENCODINGS)]
+        body, _ = fetch(server, "HEAD" if n % 7 == 0 else "GET",
+                        {} if value is None else {"Accept-Encoding": value})
+        bodies.add(body)
+    assert sorted(made) == ["body", "gzip"]
+    assert len(bodies) == 3  # plain, gzip and HEAD's empty one
+    store.set(samples.degraded())  # a new snapshot: made again, once
+    for _ in range(5):
+        fetch(server, headers={"Accept-Encoding": "gzip"})
+    assert sorted(made) == ["body", "body", "gzip", "gzip"]
+
+
+@pytest.mark.parametrize(("values", "wanted"), [
+    ([], False), (["gzip"], True), (["GZIP"], True), (["x-gzip"], True),
+    (["gzip;q=0"], False), (["gzip; q=0.0"], False), (["gzip;q=0.5"], True),
+    (["identity"], False), (["br, gzip"], True), (["br", "gzip;q=1"], True), (["br"], False),
+    (["*"], True), (["*;q=0"], False), (["gzip;q=0, *"], False), (["deflate, *;q=0.1"], True),
+    (["gzip;q=junk"], False), ([""], False), ([" , ;q=1"], False)])
+def test_accept_encoding(values: list[str], wanted: bool) -> None:
+    assert accepts_gzip(values) is wanted
 
 
 def test_healthz_fresh_and_stale(setup) -> None:

@@ -50,7 +50,7 @@ def config_text(tmp: Path, port: int, *, name: str = "unit", run_dir: Path | Non
 version: 1
 node: {{name: {name}, state_dir: {tmp}/state, run_dir: {run_dir or tmp / "run"},
         sysfs: {tmp}/sys, configfs: {tmp}/configfs}}
-health: {{listen: "127.0.0.1:{port}", interval: {interval}}}
+health: {{listen: "127.0.0.1:{port}", interval: {interval}, full_interval: {interval}}}
 """
 
 

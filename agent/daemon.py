@@ -85,7 +85,15 @@ class Schedule:
         if full:
             self.full = now + cfg.health.full_interval
         self.collect = now + cfg.health.interval
-        self.retry = None if ok else now + cfg.health.interval
+        if ok:
+            self.retry = None if full else self.retry
+        elif self.retry is None or full:
+            # A failing attach pass does not push a due retry further away.
+            self.retry = now + cfg.health.interval
+
+    def due(self, now: float) -> bool:
+        """Whether the full pass (or a retry) is due."""
+        return now >= self.full or (self.retry is not None and now >= self.retry)
 
     def collected(self, now: float, cfg: Config) -> None:
         self.collect = now + cfg.health.interval
@@ -408,11 +416,15 @@ class Agent:
                 reloaded = self.reload()
                 if reloaded is not None:
                     schedule.passed(self.clock(), self.cfg, full=True, ok=_ok(reloaded))
-            elif isinstance(event, DeviceEvent):
+            elif isinstance(event, DeviceEvent) and not schedule.due(now):
                 batch = batcher.gather(event)
                 pending = batch.next
                 self._on_devices(batch, schedule)
-            elif now >= schedule.full or (schedule.retry is not None and now >= schedule.retry):
+            elif schedule.due(now):
+                # Device events never hold the full pass (or a retry) back: it runs now and
+                # covers them (a batch taken first makes it wait no longer than LONGEST).
+                if isinstance(event, DeviceEvent):
+                    pending = batcher.gather(event).next
                 # Observe first, then heal: an outage the pass repairs (an unlinked
                 # port, say) still shows in the snapshot while the pass runs.
                 self.collect()

@@ -88,10 +88,10 @@ class Batch:
 
     @property
     def something_appeared(self) -> bool:
-        """Whether an attach pass may find work: a namespace or controller added or
-        changed, a controller back (``connected``, ``live``), an AEN; not when things only
-        went away or a connection dropped (a collect shows that; the attach pass would
-        only wait on a reconnecting controller). Events not kept count as appearing."""
+        """Whether an attach pass may find work: a namespace added or changed, a
+        controller live again, an AEN; not when things only went away or a connection
+        dropped (a collect shows that; the attach pass would only wait on a reconnecting
+        controller). Events not kept count as appearing."""
         return self.dropped > 0 or any(_appeared(e) for e in self.events)
 
     def summary(self) -> dict[str, int]:
@@ -102,9 +102,14 @@ class Batch:
 
 
 def _appeared(event: DeviceEvent) -> bool:
+    """Namespaces added or changed, an AEN, a controller live again. Not a controller's own
+    add, change or remove: every ``nvme discover`` (the attach pass runs one per pool)
+    makes and removes a discovery controller, whose events would start the next pass,
+    for ever (found on the real kernel). A new data controller's namespaces bring their
+    own block events."""
     if event.kind == "aen":
         return True
-    if event.action.startswith("state "):
+    if event.kind == "controller":
         return event.action == "state live"
     return event.action in ("add", "change")
 
@@ -193,8 +198,21 @@ class UdevFeed:
             self._observer.send_stop()
 
 
+#: The well-known NQN of discovery controllers (``nvme discover`` makes one and removes it).
+DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read(256).strip()
+    except OSError:
+        return None
+
+
 def controller_states(sysfs: Path) -> dict[str, str]:
-    """Each NVMe controller's state (``live``, ``connecting``...) from ``<sysfs>/class/nvme``."""
+    """Each NVMe controller's state (``live``, ``connecting``...) from ``<sysfs>/class/nvme``;
+    not discovery controllers'."""
     states: dict[str, str] = {}
     try:
         names = os.listdir(sysfs / "class" / "nvme")
@@ -202,6 +220,8 @@ def controller_states(sysfs: Path) -> dict[str, str]:
         return states
     for name in names:
         if not (name.startswith("nvme") and name[4:].isdigit()):
+            continue
+        if _read(sysfs / "class" / "nvme" / name / "subsysnqn") == DISCOVERY_NQN:
             continue
         try:
             with open(sysfs / "class" / "nvme" / name / "state") as f:

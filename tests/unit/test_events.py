@@ -87,6 +87,9 @@ def test_schedule_full_passes_collects_and_retries(tmp_path: Path) -> None:
     assert s.next_due() == 1060.0
     s.passed(1100.0, cfg, full=False, ok=False)  # a failed attach pass: retry in 30 s
     assert (s.full, s.retry, s.next_due()) == (1300.0, 1130.0, 1130.0)
+    s.passed(1120.0, cfg, full=False, ok=False)  # failing again: the retry stays due
+    s.passed(1125.0, cfg, full=False, ok=True)  # an attach pass that worked: still due
+    assert s.retry == 1130.0 and not s.due(1129.0) and s.due(1130.0)
     s.passed(1130.0, cfg, full=True, ok=True)
     assert (s.full, s.retry, s.next_due()) == (1430.0, None, 1160.0)
 
@@ -170,6 +173,9 @@ def test_the_watch_sees_a_controller_lose_its_connection(tmp_path: Path) -> None
         (base / name).mkdir(parents=True)
         (base / name / "state").write_text(state + "\n")
     (base / "nvme-fabrics").mkdir()  # not a controller
+    (base / "nvme9").mkdir()  # a discovery controller (nvme discover): not watched
+    (base / "nvme9" / "subsysnqn").write_text("nqn.2014-08.org.nvmexpress.discovery\n")
+    (base / "nvme9" / "state").write_text("live\n")
     events: queue.SimpleQueue = queue.SimpleQueue()
     watch = ControllerWatch(events, tmp_path)
     last = controller_states(tmp_path)
@@ -190,8 +196,10 @@ def test_the_watch_sees_a_controller_lose_its_connection(tmp_path: Path) -> None
     ([DeviceEvent("namespace", "add", "nvme0n2")], 0, True),
     ([DeviceEvent("namespace", "change", "nvme0n1")], 0, True),
     ([DeviceEvent("aen", "change", "nvme0")], 0, True),
-    ([DeviceEvent("controller", "add", "nvme3")], 0, True),
-    ([DeviceEvent("controller", "change", "nvme3")], 0, True),  # NVME_EVENT=connected
+    # A controller's own add/change/remove: every nvme discover makes and removes one
+    # (a pass per discovery would start the next for ever, as seen on the real kernel).
+    ([DeviceEvent("controller", "add", "nvme3")], 0, False),
+    ([DeviceEvent("controller", "change", "nvme3")], 0, False),
     ([DeviceEvent("controller", "state live", "nvme3")], 0, True),
     ([DeviceEvent("controller", "state connecting", "nvme3")], 0, False),
     ([DeviceEvent("controller", "remove", "nvme3"),
@@ -225,3 +233,35 @@ def test_a_dropped_connection_collects_without_an_attach_pass(
         agent.events.put("stop")
         thread.join(timeout=30)
     assert passes == [{}]  # the first pass only
+
+
+def test_device_events_never_hold_the_full_pass_back(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Events every 0.1 s (a discovery controller's, say) and a full pass due every 1 s:
+    the full passes still run (on the real kernel, attach passes fed each other's events
+    and the full pass that would have healed the port never came)."""
+    config = tmp_path / "kvagent.yaml"
+    write_config(config, tmp_path, free_port(), interval="1s", full_interval="1s")
+    agent = Agent(str(config), load_config(config), runner=FakeRunner(),
+                  notifier=Notifier(env={}))
+    full_passes = threading.Semaphore(0)
+    monkeypatch.setattr(agent, "reconcile", lambda **kw: (
+        full_passes.release() if not kw.get("attach_only") else None,
+        RunResult(dry_run=False))[1])
+    stop = threading.Event()
+
+    def storm() -> None:
+        while not stop.wait(0.1):
+            agent.events.put(DeviceEvent("controller", "add", "nvme9"))
+
+    thread = threading.Thread(target=agent.run, daemon=True)
+    feeder = threading.Thread(target=storm, daemon=True)
+    thread.start()
+    feeder.start()
+    try:
+        for _ in range(3):  # the first pass and two more, under the storm
+            assert full_passes.acquire(timeout=30)
+    finally:
+        stop.set()
+        agent.events.put("stop")
+        thread.join(timeout=30)

@@ -237,31 +237,31 @@ def test_a_dropped_connection_collects_without_an_attach_pass(
 
 def test_device_events_never_hold_the_full_pass_back(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """Events every 0.1 s (a discovery controller's, say) and a full pass due every 1 s:
-    the full passes still run (on the real kernel, attach passes fed each other's events
-    and the full pass that would have healed the port never came)."""
-    config = tmp_path / "kvagent.yaml"
-    write_config(config, tmp_path, free_port(), interval="1s", full_interval="1s")
+    """Attach passes whose own work brings the next event (so the queue is never empty
+    when the loop looks) and a full pass due every 1 s: the full passes still run. On the
+    real kernel, attach passes fed each other and the full pass that would have healed
+    a port never came."""
+    config = gpu_config(tmp_path)
+    config.write_text(config.read_text().replace("full_interval: 5m", "full_interval: 1s"))
     agent = Agent(str(config), load_config(config), runner=FakeRunner(),
                   notifier=Notifier(env={}))
     full_passes = threading.Semaphore(0)
-    monkeypatch.setattr(agent, "reconcile", lambda **kw: (
-        full_passes.release() if not kw.get("attach_only") else None,
-        RunResult(dry_run=False))[1])
-    stop = threading.Event()
 
-    def storm() -> None:
-        while not stop.wait(0.1):
-            agent.events.put(DeviceEvent("controller", "add", "nvme9"))
+    def reconcile(**kw):  # type: ignore[no-untyped-def]
+        if kw.get("attach_only"):
+            agent.events.put(DeviceEvent("namespace", "change", "nvme0n1"))  # its mkfs
+        else:
+            full_passes.release()
+        return RunResult(dry_run=False)
 
+    monkeypatch.setattr(agent, "reconcile", reconcile)
     thread = threading.Thread(target=agent.run, daemon=True)
-    feeder = threading.Thread(target=storm, daemon=True)
     thread.start()
-    feeder.start()
     try:
-        for _ in range(3):  # the first pass and two more, under the storm
+        assert full_passes.acquire(timeout=30)  # the first pass
+        agent.events.put(DeviceEvent("namespace", "add", "nvme0n1"))
+        for _ in range(2):  # two more, while attach passes feed each other
             assert full_passes.acquire(timeout=30)
     finally:
-        stop.set()
         agent.events.put("stop")
         thread.join(timeout=30)

@@ -148,7 +148,6 @@ def test_udev_events_attach_a_new_namespace_and_show_a_lost_controller(lab: Lab)
                      interval=0.3, what="the pool ready with its new namespaces")
 
         # The controller lost: the port goes away on the storage host.
-        batches = metric(port, "kvagent_device_event_batches_total") or 0
         port_dir = kit.NVMET / "ports" / "32"
         for link in (port_dir / "subsystems").iterdir():
             link.unlink()
@@ -157,9 +156,7 @@ def test_udev_events_attach_a_new_namespace_and_show_a_lost_controller(lab: Lab)
                      interval=0.05, what="/readyz to say the pool is not ready")
         shown = time.monotonic() - lost
         ci_log(f"events: a lost controller shown by /readyz {shown:.1f}s after the port went "
-               f"away ({(metric(port, 'kvagent_device_event_batches_total') or 0) - batches:.0f}"
-               " batch(es) of events)")
-        assert (metric(port, "kvagent_device_event_batches_total") or 0) > batches
+               "away (full passes and collects 10 minutes apart)")
         assert proc.poll() is None
         # Back: the storage apply links the port again; the controller reconnects.
         code, _, err = cli(storage, "apply")

@@ -477,7 +477,7 @@ def foreign_objects(lab: Lab, nullb):  # type: ignore[no-untyped-def]
         foreign.remove()
 
 
-@pytest.mark.kernel(group="crash-storage", weight=5)
+@pytest.mark.kernel(group="crash-storage", weight=11)
 def test_kill_after_every_step_of_a_cold_apply_storage_side(lab: Lab, nullb) -> None:  # type: ignore[no-untyped-def]
     with foreign_objects(lab, nullb) as foreign:
         cfg = config(lab, gpu=False)
@@ -485,7 +485,7 @@ def test_kill_after_every_step_of_a_cold_apply_storage_side(lab: Lab, nullb) -> 
                  foreign, storage_minimum(cfg), snapshot_after_storage=True)
 
 
-@pytest.mark.kernel(group="crash-gpu", weight=15)
+@pytest.mark.kernel(group="crash-gpu", weight=18)
 def test_kill_after_every_step_of_a_cold_attach_gpu_side(lab: Lab, nullb) -> None:  # type: ignore[no-untyped-def]
     with foreign_objects(lab, nullb) as foreign:
         storage_only = config(lab, gpu=False)
@@ -503,7 +503,7 @@ def test_kill_after_every_step_of_a_cold_attach_gpu_side(lab: Lab, nullb) -> Non
         run_case("gpu cold attach", lab, cfg, gpu_empty, mounted, foreign, gpu_minimum(cfg))
 
 
-@pytest.mark.kernel(group="crash-teardown", weight=11)
+@pytest.mark.kernel(group="crash-teardown", weight=13)
 def test_kill_after_every_step_of_a_teardown(lab: Lab, nullb) -> None:  # type: ignore[no-untyped-def]
     with foreign_objects(lab, nullb) as foreign:
         full = config(lab)

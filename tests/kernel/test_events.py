@@ -35,7 +35,7 @@ from .pools import DRIVES, KVAGENT, Lab, umount_all_under
 from .test_cli_daemon import metric
 from .test_daemon import free_port, get
 
-pytestmark = pytest.mark.kernel(group="lifecycle", weight=1.5)
+pytestmark = pytest.mark.kernel(group="lifecycle", weight=3)
 REPO = Path(__file__).resolve().parents[2]
 TRIALS = 3
 

@@ -192,7 +192,11 @@ s.listen(4)
 print("ready", flush=True)
 while True:
     conn, _ = s.accept()
-    conn.sendall(sys.stdin.readline().encode())
+    line = sys.stdin.readline().encode()
+    try:  # the client may hang up first: it checks who we are before it reads
+        conn.sendall(line)
+    except OSError:
+        pass
     conn.close()
 """
 

@@ -196,8 +196,31 @@ class Agent:
             result.unexpected_errors)
         for e in result.errors:
             log.warning("apply problem", role=e.role, pool=e.pool, error=e.message, hint=e.hint)
+        self._keep_discovery_controllers()
         self.collect()
         return result
+
+    def _keep_discovery_controllers(self) -> None:
+        """A persistent discovery controller to each storage host port the initiator pools
+        discover at, so a pool exported there comes as an AEN (never fails the loop)."""
+        from .initiator.discovery_controllers import RECORD, DiscoveryControllers, wanted
+
+        if self.cfg.initiator is None and not (Path(self.run_dir) / RECORD).exists():
+            return
+        try:
+            from nvmet.ids import read_host_identity
+
+            from .initiator.nvme.cli import NvmeCli
+            from .initiator.sysfs import Sysfs
+
+            ident = read_host_identity(self.cfg.node.nvme_dir)
+            wants = wanted(self.cfg, ident.hostnqn, ident.hostid) if ident.hostnqn else []
+            keeper = DiscoveryControllers(self.run_dir, NvmeCli(self.runner),
+                                          Sysfs(self.cfg.node.sysfs))
+            for line in keeper.sync(wants):
+                log.info("discovery controller", change=line)
+        except Exception as exc:  # the passes still discover: only the AENs are missed
+            log.warning("discovery controllers not kept", error=str(exc))
 
     def _skipped(self, exc: Busy) -> None:
         """A pass skipped: count it, log it (warning from the second in a row), record it."""

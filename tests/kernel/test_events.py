@@ -8,6 +8,9 @@ it does within the test, udev events made it do.
   AEN), the initiator's kernel scans it, udev says ``add nvme0n2``, and the agent's
   attach pass makes its filesystem and mounts it, seconds after the storage apply
   (each trial's latency is printed for the CI log).
+- A storm of 256 ``change`` events on the pool's namespaces (what ``udevadm trigger``
+  makes) is counted whole, in a few batches, each one collect and at most one attach
+  pass, which changes nothing.
 - The pool's port taken away on the storage host: the controller drops and reconnects
   in vain (the kernel sends no uevent for that); the agent's controller watch sees its
   state change, the agent collects, and /readyz shows the pool not ready without
@@ -28,6 +31,7 @@ import pytest
 from click.testing import CliRunner
 
 from agent.cli.main import main
+from agent.initiator.nvme.discovery import DISCOVERY_NQN
 
 from . import kit
 from .crash import ci_log
@@ -38,6 +42,8 @@ from .test_daemon import free_port, get
 pytestmark = pytest.mark.kernel(group="lifecycle", weight=3)
 REPO = Path(__file__).resolve().parents[2]
 TRIALS = 3
+#: Events in the storm: coalesced into a few batches, each at most one attach pass.
+STORM = 256
 
 
 def storage_config(lab: Lab, count: int, *, port_id: int = 32) -> Path:
@@ -117,6 +123,50 @@ def lab(tmp_path: Path):
     kit.sh("wipefs", "-a", "-q", DRIVES[1], check=False)
 
 
+def counters(port: int) -> tuple[float, float, float]:
+    return tuple(metric(port, name) or 0.0 for name in (  # type: ignore[return-value]
+        "kvagent_device_events_total", "kvagent_device_event_batches_total",
+        "kvagent_apply_runs_total"))
+
+
+def storm(lab: Lab, port: int) -> None:
+    """256 change uevents on the pool's namespaces, as fast as they can be written."""
+    events0, batches0, runs0 = counters(port)
+    failures = metric(port, "kvagent_apply_failures_total")
+    before = mounted(lab)
+    devices = sorted(p for p in Path("/sys/block").iterdir() if p.name.startswith("nvme"))
+    assert devices
+    started = time.monotonic()
+    for i in range(STORM):
+        (devices[i % len(devices)] / "uevent").write_text("change")
+    written = time.monotonic() - started
+    # udevd runs its rules for each (blkid...) and passes them on: wait for all of them,
+    # then for the agent to be quiet (no batch for 3 s).
+    kit.wait_for(lambda: counters(port)[0] - events0 >= STORM, 180, interval=0.2,
+                 what=f"the agent to count {STORM} device events")
+    drained = time.monotonic() - started
+    last = counters(port)
+    while True:
+        time.sleep(3)
+        now = counters(port)
+        if now == last:
+            break
+        last = now
+    events, batches, runs = (a - b for a, b in zip(last, (events0, batches0, runs0), strict=True))
+    ci_log(f"events: a storm of {STORM} change events (written in {written:.2f}s, all "
+           f"counted by the agent {drained:.1f}s after the first): {events:.0f} events in "
+           f"{batches:.0f} batches, {runs:.0f} attach passes")
+    assert events >= STORM
+    # Coalesced: many events a batch (udevd hands them on over seconds under TCG, a batch
+    # lasts at most LONGEST), never more than one pass a batch, and the passes found
+    # nothing to do.
+    assert batches <= STORM / 8, f"{batches:.0f} batches for {events:.0f} events"
+    assert runs <= batches
+    assert metric(port, "kvagent_apply_failures_total") == failures
+    assert mounted(lab) == before
+    assert get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+
+
 def test_udev_events_attach_a_new_namespace_and_show_a_lost_controller(lab: Lab) -> None:
     storage = storage_config(lab, 1)
     code, _, err = cli(storage, "apply")
@@ -147,6 +197,8 @@ def test_udev_events_attach_a_new_namespace_and_show_a_lost_controller(lab: Lab)
         kit.wait_for(lambda: get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 60,
                      interval=0.3, what="the pool ready with its new namespaces")
 
+        storm(lab, port)
+
         # The controller lost: the port goes away on the storage host.
         port_dir = kit.NVMET / "ports" / "32"
         for link in (port_dir / "subsystems").iterdir():
@@ -170,3 +222,86 @@ def test_udev_events_attach_a_new_namespace_and_show_a_lost_controller(lab: Lab)
     code, _, err = cli(storage, "apply")
     assert code == 0, err
     assert not os.path.exists(kit.NVMET / "ports" / "32")
+
+
+def more_pools(lab: Lab, names: list[str]) -> Path:
+    """The storage config with further pools (one namespace each) on the same port."""
+    path = storage_config(lab, 1)
+    path.write_text(path.read_text() + "".join(f"""
+    - name: {name}
+      backing: {{kind: file, directory: {lab.root}/files, buffered_io: true}}
+      namespaces: {{count: 1, size: 320MiB}}
+      ports: [lo]
+      hosts: [{{name: lab, nqn: "{lab.hostnqn}"}}]
+""" for name in names))
+    return path
+
+
+def discovery_controllers() -> dict[str, str]:
+    """Discovery controllers on this host: name -> host NQN."""
+    out = {}
+    for c in Path("/sys/class/nvme").iterdir():
+        if kit.read(c / "subsysnqn") == DISCOVERY_NQN:
+            out[c.name] = kit.read(c / "hostnqn")
+    return out
+
+
+def mounted_at(path: Path) -> bool:
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == str(path) for line in f)
+
+
+FOREIGN_HOSTNQN = "nqn.2014-08.org.example:another-tool"
+LATER = ("kv2", "kv3")
+
+
+def test_pools_exported_later_come_as_discovery_aens(lab: Lab) -> None:
+    """The GPU host's pools kv2 and kv3 are not exported when its agent starts (its pass
+    fails to find them; the retry is 10 minutes away); the agent keeps a discovery
+    controller to the port; each storage apply that exports one makes nvmet send a
+    discovery-log-change AEN on it, and the agent mounts the pool seconds later (twice:
+    reading the log re-arms the AEN). A discovery controller another tool made is never
+    touched; the agent's own goes when no pool wants it."""
+    code, _, err = cli(storage_config(lab, 1), "apply")
+    assert code == 0, err
+    # Another tool's persistent discovery controller (another host NQN): left alone.
+    kit.sh("nvme", "connect", "-t", "tcp", "-a", "127.0.0.1", "-s", "4420",
+           "-n", DISCOVERY_NQN, "--hostnqn", FOREIGN_HOSTNQN, "--keep-alive-tmo", "30")
+    foreign = {n for n, h in discovery_controllers().items() if h == FOREIGN_HOSTNQN}
+    assert len(foreign) == 1
+    port = free_port()
+    gpu = lab.root / "gpu.yaml"
+    health = f'health: {{listen: "127.0.0.1:{port}", interval: 10m, full_interval: 10m}}\n'
+    node = (f"version: 1\nnode: {{name: lab, state_dir: {lab.root}/gstate, "
+            f"run_dir: {lab.root}/grun}}\n")
+    gpu.write_text(node + "initiator:\n  pools:\n" + "".join(
+        f"    - {{name: {name}, target: {{transport: tcp, address: 127.0.0.1}}, "
+        f"mount: {lab.root}/mnt/{name}}}\n" for name in LATER) + health)
+    with gpu_agent(gpu, lab.root / "agent-aen.log") as proc:
+        kit.wait_for(lambda: (metric(port, "kvagent_apply_runs_total") or 0) >= 1, 240,
+                     interval=0.3, what="the agent's first pass")
+        assert metric(port, "kvagent_apply_failures_total") == 1  # neither is offered
+        kit.wait_for(lambda: lab.hostnqn in discovery_controllers().values(), 60,
+                     interval=0.2, what="the agent's discovery controller")
+        ours = {n for n, h in discovery_controllers().items() if h == lab.hostnqn}
+        assert len(ours) == 1
+        latencies = []
+        for i, name in enumerate(LATER):
+            code, _, err = cli(more_pools(lab, list(LATER[:i + 1])), "apply")
+            assert code == 0, err
+            applied = time.monotonic()
+            kit.wait_for(lambda n=name: mounted_at(lab.root / "mnt" / n / "lab-ns1"), 120,
+                         interval=0.05, what=f"pool {name} mounted by the agent")
+            latencies.append(time.monotonic() - applied)
+        ci_log("events: a pool exported on the storage host, mounted on the GPU host "
+               f"{', '.join(f'{s:.1f}s' for s in latencies)} after the storage apply "
+               "(discovery-log-change AENs; retries 10 minutes apart)")
+        assert {n for n, h in discovery_controllers().items() if h == lab.hostnqn} == ours
+        # The agent's controller goes once no pool discovers there (a reload without
+        # pools: the pass detaches kv2 and kv3); the other tool's stays.
+        gpu.write_text(node + health)
+        proc.send_signal(signal.SIGHUP)
+        kit.wait_for(lambda: not (set(discovery_controllers()) & ours), 120, interval=0.2,
+                     what="the agent to disconnect its discovery controller")
+        assert set(discovery_controllers()) == foreign
+        assert proc.poll() is None

@@ -265,3 +265,33 @@ def test_device_events_never_hold_the_full_pass_back(tmp_path: Path,
     finally:
         agent.events.put("stop")
         thread.join(timeout=30)
+
+
+def test_every_pass_keeps_the_discovery_controllers(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """After each pass the agent keeps a discovery controller to each port its pools
+    discover at, as this host (its NQN from the identity the pass made); a failure there
+    never fails the pass or the loop (the passes still discover)."""
+    import nvmet.ids
+    from agent import daemon
+    from agent.fabrics import FabricsAddress
+    from agent.initiator.discovery_controllers import DiscoveryControllers, Wanted
+
+    config = gpu_config(tmp_path)
+    agent = Agent(str(config), load_config(config), runner=FakeRunner(),
+                  notifier=Notifier(env={}))
+    monkeypatch.setattr(daemon, "run_pass", lambda cfg, **kw: RunResult(dry_run=False))
+    monkeypatch.setattr(nvmet.ids, "read_host_identity",
+                        lambda nvme_dir: nvmet.ids.HostIdentity("nqn.2014-08.org.x:h", "id"))
+    synced: list[list[Wanted]] = []
+    monkeypatch.setattr(DiscoveryControllers, "sync",
+                        lambda self, wants: synced.append(list(wants)) or [])
+    assert isinstance(agent.reconcile(attach_only=("kv",)), RunResult)
+    assert synced == [[Wanted(FabricsAddress("tcp", f"192.0.2.{i}", "4420"),
+                              "nqn.2014-08.org.x:h", "id") for i in (1, 2)]]
+
+    def broken(self, wants):  # type: ignore[no-untyped-def]
+        raise OSError("no /dev/nvme-fabrics")
+
+    monkeypatch.setattr(DiscoveryControllers, "sync", broken)
+    assert agent.reconcile().ok  # type: ignore[union-attr]

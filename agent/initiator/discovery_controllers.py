@@ -1,0 +1,163 @@
+"""Persistent discovery controllers: how a GPU host hears at once that its storage host
+exported a pool.
+
+For each storage host port an initiator pool discovers its subsystems at (a target
+without ``subsystem``; not over TLS), the agent keeps one discovery controller connected
+(``nqn.2014-08.org.nvmexpress.discovery``, keep-alive :data:`KEEP_ALIVE` s, reconnecting
+forever). When the discovery log that port shows this host changes (a subsystem linked
+to the port, this host allowed), nvmet sends a discovery-log-change AEN on it; the kernel
+turns it into a ``change`` uevent carrying ``NVME_AEN``, which :mod:`agent.events` takes
+as an ``aen`` and the agent answers with an attach pass. Without it a pool exported after
+the GPU host's pass failed to find it waits for the retry (``health.interval``).
+
+Ownership is a record, not a guess: the controllers kvagent made are listed in
+``<run_dir>/discovery.json`` (name, address, host NQN), and only those are ever
+disconnected, when no pool discovers at their address any more. A controller another
+tool made (nvme-stas, an admin's ``nvme discover -p``) is used as it is, never touched.
+The record lives in the run directory because the controllers do not outlive a reboot
+either; a recorded name whose controller is gone, or now another's, is dropped. A kill
+between a connect and its record leaves a controller kvagent does not claim: it is used
+as another tool's would be (a connection, not data: nothing is lost).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config.model import Config
+from ..errors import KvagentError
+from ..fabrics import FabricsAddress
+from ..log import get_logger
+from ..state import read_json, write_json
+from .nvme.cli import NvmeCli
+from .nvme.discovery import DISCOVERY_NQN
+from .nvme.options import FabricsOptions
+from .sysfs import Controller, Sysfs
+
+log = get_logger("initiator.discovery")
+
+#: The record of the discovery controllers kvagent made, in the run directory.
+RECORD = "discovery.json"
+#: Keep-alive of a persistent discovery controller (nvme-cli's for ``discover -p``):
+#: nvmet drops a discovery controller that sends none within its own timeout (120 s).
+KEEP_ALIVE = 30
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """A storage host's port some pool discovers at, as this host connects to it."""
+
+    address: FabricsAddress  # with the pool's host_iface / host_traddr
+    hostnqn: str
+    hostid: str | None
+
+
+def wanted(cfg: Config, hostnqn: str, hostid: str | None) -> list[Wanted]:
+    """The ports the initiator pools discover at (not over TLS: a discovery controller
+    over TLS needs the pool's PSK, which only the pass puts in the keyring)."""
+    found: dict[FabricsAddress, Wanted] = {}
+    for pool in cfg.initiator.pools if cfg.initiator else ():
+        if pool.tls is not None:
+            continue
+        for t in pool.targets:
+            if t.subsystem:
+                continue
+            address = FabricsAddress.from_config(t).with_host(pool.connect.host_iface,
+                                                              pool.connect.host_traddr)
+            found.setdefault(address, Wanted(address, hostnqn, hostid))
+    return list(found.values())
+
+
+def _serves(ctrl: Controller, want: Wanted) -> bool:
+    return (ctrl.subsysnqn == DISCOVERY_NQN and ctrl.hostnqn == want.hostnqn
+            and want.address.same_endpoint(ctrl.address))
+
+
+def _entry(ctrl: Controller) -> dict[str, str | None]:
+    a = ctrl.address
+    return {"name": ctrl.name, "transport": a.transport, "traddr": a.traddr,
+            "trsvcid": a.trsvcid, "hostnqn": ctrl.hostnqn}
+
+
+def _still_ours(entry: object, sysfs: Sysfs) -> Controller | None:
+    """The recorded controller, if it is still the one recorded (a name is reused once its
+    controller is gone)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        return None
+    ctrl = sysfs.controller(entry["name"])
+    if ctrl is None or ctrl.subsysnqn != DISCOVERY_NQN:
+        return None
+    a = ctrl.address
+    if (a.transport, a.traddr, a.trsvcid, ctrl.hostnqn) != (
+            entry.get("transport"), entry.get("traddr"), entry.get("trsvcid"),
+            entry.get("hostnqn")):
+        return None
+    return ctrl
+
+
+class DiscoveryControllers:
+    """Keeps one discovery controller per wanted port (:func:`wanted`); :meth:`sync` after
+    every pass."""
+
+    def __init__(self, run_dir: Path | str, cli: NvmeCli, sysfs: Sysfs):
+        self.record = Path(run_dir) / RECORD
+        self.cli, self.sysfs = cli, sysfs
+
+    def _recorded(self) -> list[object]:
+        data = read_json(self.record, {})
+        entries = data.get("controllers", []) if isinstance(data, dict) else []
+        return entries if isinstance(entries, list) else []
+
+    def owned(self) -> list[Controller]:
+        """The recorded controllers that are still there and still the ones recorded."""
+        found = (_still_ours(e, self.sysfs) for e in self._recorded())
+        return [c for c in found if c is not None]
+
+    def sync(self, wants: Iterable[Wanted]) -> list[str]:
+        """Connect a discovery controller to each wanted port that has none (kvagent's or
+        another tool's); disconnect kvagent's that no pool wants. Returns what it did, for
+        the log. A port that cannot be reached now is tried again at the next sync."""
+        wants = list(wants)
+        recorded = self._recorded()
+        owned = [c for c in (_still_ours(e, self.sysfs) for e in recorded) if c is not None]
+        present = [c for c in self.sysfs.controllers(DISCOVERY_NQN, fresh=True)
+                   if c.usable or c.state in ("connecting", "resetting")]
+        done: list[str] = []
+        keep = [c for c in owned if any(_serves(c, w) for w in wants)]
+        for ctrl in owned:
+            if ctrl in keep:
+                continue
+            try:
+                self.cli.disconnect(device=ctrl.name)
+                done.append(f"disconnected {ctrl.name} ({ctrl.address.describe()})")
+            except KvagentError as exc:
+                log.warning("discovery controller not disconnected", device=ctrl.name,
+                            error=exc.message)
+                keep.append(ctrl)
+        for want in wants:
+            if any(_serves(c, want) for c in present):
+                continue
+            a = want.address
+            try:
+                name = self.cli.add_controller(
+                    a.transport, a.traddr or "", a.trsvcid or "", DISCOVERY_NQN,
+                    hostnqn=want.hostnqn, hostid=want.hostid, host_iface=a.host_iface,
+                    host_traddr=a.host_traddr,
+                    options=FabricsOptions(ctrl_loss_tmo=-1, keep_alive_tmo=KEEP_ALIVE))
+            except KvagentError as exc:
+                log.info("no discovery controller now; the passes still discover",
+                         target=a.describe(), error=exc.message)
+                continue
+            ctrl = self.sysfs.controller(name)
+            if ctrl is not None:
+                present.append(ctrl)
+            keep.append(Controller(name=name, address=a.endpoint, state="new",
+                                   subsysnqn=DISCOVERY_NQN, hostnqn=want.hostnqn)
+                        if ctrl is None else ctrl)
+            done.append(f"connected {name} ({a.describe()})")
+        entries = [_entry(c) for c in keep]
+        if entries != recorded:
+            write_json(self.record, {"controllers": entries})
+        return done

@@ -1,0 +1,148 @@
+"""Persistent discovery controllers (agent.initiator.discovery_controllers): one per port
+the pools discover at, made once, recorded, and only kvagent's own ever disconnected."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.config import load_config
+from agent.initiator.discovery_controllers import (
+    KEEP_ALIVE,
+    RECORD,
+    DiscoveryControllers,
+    wanted,
+)
+from agent.initiator.nvme.discovery import DISCOVERY_NQN
+from agent.initiator.nvme.failures import TransientConnectError
+from agent.initiator.sysfs import Sysfs
+
+HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555"
+OTHER = "nqn.2014-08.org.example:another-tool"
+
+
+def controller(sys: Path, name: str, nqn: str, traddr: str, hostnqn: str,
+               state: str = "live") -> None:
+    d = sys / "class/nvme" / name
+    d.mkdir(parents=True)
+    for attr, value in (("transport", "tcp"), ("address", f"traddr={traddr},trsvcid=4420"),
+                        ("state", state), ("subsysnqn", nqn), ("hostnqn", hostnqn)):
+        (d / attr).write_text(value + "\n")
+
+
+class FakeCli:
+    """add_controller makes the controller in the fake sysfs; disconnect removes it."""
+
+    def __init__(self, sys: Path, fail: set[str] = frozenset()):  # type: ignore[assignment]
+        self.sys, self.fail = sys, fail
+        self.calls: list[tuple] = []
+
+    def add_controller(self, transport, traddr, trsvcid, nqn, *, hostnqn, hostid,  # type: ignore[no-untyped-def]
+                       host_iface, host_traddr, options):
+        self.calls.append(("add", traddr, nqn, hostnqn, options.keep_alive_tmo,
+                           options.ctrl_loss_tmo))
+        if traddr in self.fail:
+            raise TransientConnectError("connect refused", "")
+        name = f"nvme{len(list((self.sys / 'class/nvme').iterdir()))}"
+        controller(self.sys, name, nqn, traddr, hostnqn)
+        return name
+
+    def disconnect(self, *, device):  # type: ignore[no-untyped-def]
+        self.calls.append(("disconnect", device))
+        for f in (self.sys / "class/nvme" / device).iterdir():
+            f.unlink()
+        (self.sys / "class/nvme" / device).rmdir()
+
+
+def config(tmp: Path, *targets: str, tls: bool = False) -> object:
+    pools = "".join(
+        f"    - {{name: p{i}, target: {{transport: tcp, address: {t}}}, "
+        f"mount: {tmp}/mnt/p{i}}}\n" for i, t in enumerate(targets))
+    text = "version: 1\nnode: {name: gpu1}\n"
+    if targets:
+        text += "initiator:\n  pools:\n" + pools
+    (tmp / "k.yaml").write_text(text)
+    return load_config(tmp / "k.yaml")
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> tuple[Path, Path, FakeCli, DiscoveryControllers]:
+    sys, run = tmp_path / "sys", tmp_path / "run"
+    (sys / "class/nvme").mkdir(parents=True)
+    run.mkdir(mode=0o700)
+    cli = FakeCli(sys)
+    return sys, run, cli, DiscoveryControllers(run, cli, Sysfs(sys))  # type: ignore[arg-type]
+
+
+def test_one_per_port_made_once_and_recorded(tmp_path: Path, host) -> None:  # type: ignore[no-untyped-def]
+    _sys, run, cli, keeper = host
+    wants = wanted(config(tmp_path, "10.0.0.1", "10.0.0.1", "10.0.0.2"), HOSTNQN, None)
+    assert len(wants) == 2  # two pools at one port share its controller
+    done = keeper.sync(wants)
+    assert len(done) == 2
+    assert [c[:6] for c in cli.calls] == [
+        ("add", "10.0.0.1", DISCOVERY_NQN, HOSTNQN, KEEP_ALIVE, -1),
+        ("add", "10.0.0.2", DISCOVERY_NQN, HOSTNQN, KEEP_ALIVE, -1)]
+    record = json.loads((run / RECORD).read_text())
+    assert [c["name"] for c in record["controllers"]] == ["nvme0", "nvme1"]
+    # Converged: nothing made, nothing written.
+    before = (run / RECORD).stat().st_mtime_ns
+    assert keeper.sync(wants) == [] and len(cli.calls) == 2
+    assert (run / RECORD).stat().st_mtime_ns == before
+
+
+def test_another_tools_controller_is_used_and_never_disconnected(tmp_path: Path, host) -> None:  # type: ignore[no-untyped-def]
+    sys, _run, cli, keeper = host
+    controller(sys, "nvme0", DISCOVERY_NQN, "10.0.0.1", HOSTNQN)  # nvme-stas's, say
+    controller(sys, "nvme1", DISCOVERY_NQN, "10.0.0.1", OTHER)  # another host NQN
+    wants = wanted(config(tmp_path, "10.0.0.1"), HOSTNQN, None)
+    assert keeper.sync(wants) == [] and cli.calls == []
+    # No pool wants the port any more: still not kvagent's to disconnect.
+    assert keeper.sync([]) == [] and cli.calls == []
+    assert sorted(p.name for p in (sys / "class/nvme").iterdir()) == ["nvme0", "nvme1"]
+
+
+def test_its_own_go_when_no_pool_wants_them(tmp_path: Path, host) -> None:  # type: ignore[no-untyped-def]
+    sys, run, _cli, keeper = host
+    keeper.sync(wanted(config(tmp_path, "10.0.0.1", "10.0.0.2"), HOSTNQN, None))
+    done = keeper.sync(wanted(config(tmp_path, "10.0.0.2"), HOSTNQN, None))
+    assert done == ["disconnected nvme0 (tcp 10.0.0.1:4420)"]
+    assert [p.name for p in (sys / "class/nvme").iterdir()] == ["nvme1"]
+    assert [c["name"] for c in json.loads((run / RECORD).read_text())["controllers"]] \
+        == ["nvme1"]
+
+
+def test_a_reused_name_is_not_taken_for_kvagents(tmp_path: Path, host) -> None:  # type: ignore[no-untyped-def]
+    """The recorded controller went (a reboot, ctrl_loss_tmo); another's now has its name."""
+    sys, run, cli, keeper = host
+    keeper.sync(wanted(config(tmp_path, "10.0.0.1"), HOSTNQN, None))
+    cli.disconnect(device="nvme0")
+    controller(sys, "nvme0", DISCOVERY_NQN, "10.0.0.9", HOSTNQN)  # someone else's
+    cli.calls.clear()
+    keeper.sync([])
+    assert cli.calls == [] and (sys / "class/nvme/nvme0").exists()
+    assert json.loads((run / RECORD).read_text())["controllers"] == []
+
+
+def test_an_unreachable_port_is_tried_again(tmp_path: Path, host) -> None:  # type: ignore[no-untyped-def]
+    _sys, _run, cli, keeper = host
+    cli.fail = {"10.0.0.1"}
+    wants = wanted(config(tmp_path, "10.0.0.1"), HOSTNQN, None)
+    assert keeper.sync(wants) == []
+    cli.fail = set()
+    assert keeper.sync(wants) == ["connected nvme0 (tcp 10.0.0.1:4420)"]
+
+
+def test_targets_named_by_subsystem_or_over_tls_want_none(tmp_path: Path) -> None:
+    (tmp_path / "k.yaml").write_text(f"""
+version: 1
+node: {{name: gpu1}}
+initiator:
+  pools:
+    - {{name: a, target: {{transport: tcp, address: 10.0.0.1,
+                         subsystem: "nqn.2026-01.io.example:a"}}, mount: {tmp_path}/a}}
+""")
+    assert wanted(load_config(tmp_path / "k.yaml"), HOSTNQN, None) == []
+    assert wanted(config(tmp_path), HOSTNQN, None) == []

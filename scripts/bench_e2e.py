@@ -46,7 +46,9 @@ PREFIX = "nqn.2026-11.io.kvagent.e2e"
 NODE = "e2e"
 LISTEN = "127.0.0.1:9809"
 INTERVAL = 30.0
-RUN_INTERVALS = 3
+#: How long `kvagent run` is watched at rest (KVAGENT_BENCH_RUN_SECONDS; the issue-26
+#: goal is averaged over 600 s).
+RUN_SECONDS = float(os.environ.get("KVAGENT_BENCH_RUN_SECONDS", "90"))
 #: Rounds of (read floor, converged pass).
 ROUNDS = 3
 AGENT = [sys.executable, "-m", "agent"]
@@ -325,13 +327,16 @@ def run(pools: int, per: int, attach: int, out: Path, drive: str,
         return row, report(row)
 
     # The whole command, as an operator runs it: interpreter start and imports included.
-    base = [timed_process([*AGENT, "--version"])]
+    # Three of each, the fastest kept; a bare interpreter is the baseline of a start.
+    bare = [timed_process([sys.executable, "-c", "pass"]) for _ in range(3)]
+    base = [timed_process([*AGENT, "--version"]) for _ in range(3)]
     cmd = [timed_process([*AGENT, "-c", str(path), "apply"])]
     if any(rc != 0 for _, _, rc in cmd):
         raise SystemExit(f"kvagent apply exited {[rc for _, _, rc in cmd]}")
     row["apply_command"] = {"wall_s": min(w for w, _, _ in cmd), "cpu_s": min(c for _, c, _ in cmd),
                             "interpreter_wall_s": min(w for w, _, _ in base),
-                            "interpreter_cpu_s": min(c for _, c, _ in base)}
+                            "interpreter_cpu_s": min(c for _, c, _ in base),
+                            "bare_python_wall_s": min(w for w, _, _ in bare)}
     print(f"apply command: {row['apply_command']}", flush=True)
 
     if "run" not in phases:
@@ -384,7 +389,7 @@ def agent_run(path: Path, out: Path) -> dict[str, Any]:
             return 0
 
         cpu0, t0, rss = cpu(), time.monotonic(), []
-        while time.monotonic() - t0 < RUN_INTERVALS * INTERVAL:
+        while time.monotonic() - t0 < RUN_SECONDS:
             rss.append(rss_kib())
             time.sleep(1)
         used, elapsed = cpu() - cpu0, time.monotonic() - t0
@@ -464,9 +469,12 @@ def report(row: dict[str, Any]) -> str:
             f"  `kvagent apply` as a process, converged: {a['wall_s']:.2f} s wall, CPU "
             f"{a['cpu_s']:.2f} s; of which the interpreter start with kvagent's imports "
             f"(`python -m agent --version`) {a['interpreter_wall_s']:.2f} s wall, CPU "
-            f"{a['interpreter_cpu_s']:.2f} s")
+            f"{a['interpreter_cpu_s']:.2f} s = "
+            f"{a['interpreter_wall_s'] / a['bare_python_wall_s']:.2f} x a bare `python -c pass` "
+            f"({a['bare_python_wall_s']:.3f} s; goal <= 3)")
     r = row.get("run")
     if r:
+        start = r["status_command_s"] - r["status_inprocess_s"]
         lines += [
             f"  `kvagent run` (interval {r['interval_s']:.0f} s, {r['seconds']:.0f} s measured, "
             f"/readyz {r.get('readyz')}): "
@@ -476,13 +484,19 @@ def report(row: dict[str, Any]) -> str:
             f"RSS median "
             f"{r['rss_mib']['median']:.1f} MiB, max {r['rss_mib']['max']:.1f} MiB (goal <= 60)",
             f"  /metrics over 200 scrapes: p50 {r['scrape_ms']['p50']:.1f} ms, p99 "
-            f"{r['scrape_ms']['p99']:.1f} ms (goal <= 20); /healthz in alternation (tiny "
-            f"body, the baseline): p50 {r['healthz_ms']['p50']:.1f} ms, p99 "
+            f"{r['scrape_ms']['p99']:.1f} ms = "
+            f"{r['scrape_ms']['p99'] / r['healthz_ms']['p99']:.2f} x /healthz's p99 "
+            f"(goal <= 1.5); /healthz in alternation (tiny body, the baseline): p50 "
+            f"{r['healthz_ms']['p50']:.1f} ms, p99 "
             f"{r['healthz_ms']['p99']:.1f} ms",
             f"  `kvagent status` (served by the agent): {r['status_inprocess_s']:.2f} s in "
-            f"process; {r['status_command_s']:.2f} s as a process (interpreter start "
-            f"included); `--live`: {r['status_live_inprocess_s']:.2f} s in process (goal "
-            f"<= 1 s), {r['status_live_command_s']:.2f} s as a process"]
+            f"process (goal <= 0.25 s); {r['status_command_s']:.2f} s as a process "
+            f"(interpreter start included); `--live`: "
+            f"{r['status_live_inprocess_s']:.2f} s in process (goal <= 1 s), "
+            f"{r['status_live_command_s']:.2f} s as a process; the start of a status process "
+            f"(as a process minus in process) {start:.2f} s"
+            + (f" = {start / a['bare_python_wall_s']:.2f} x a bare interpreter (goal <= 3)"
+               if a else "")]
     return "\n".join(lines)
 
 

@@ -7,8 +7,11 @@ without ``subsystem``; not over TLS), the agent keeps one discovery controller c
 forever). When the discovery log that port shows this host changes (a subsystem linked
 to the port, this host allowed), nvmet sends a discovery-log-change AEN on it; the kernel
 turns it into a ``change`` uevent carrying ``NVME_AEN``, which :mod:`agent.events` takes
-as an ``aen`` and the agent answers with an attach pass. Without it a pool exported after
-the GPU host's pass failed to find it waits for the retry (``health.interval``).
+as an ``aen`` and the agent answers with an attach pass. That pass's discovery reads the
+log through the same controller (:mod:`agent.initiator.stages.discover`), which is what
+acknowledges the AEN: nvmet sends the next one on a controller only after such a read.
+Without all this a pool exported after the GPU host's pass failed to find it waits for
+the retry (``health.interval``).
 
 Ownership is a record, not a guess: the controllers kvagent made are listed in
 ``<run_dir>/discovery.json`` (name, address, host NQN), and only those are ever

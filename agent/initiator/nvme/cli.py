@@ -67,12 +67,13 @@ class NvmeCli:
     def discover(self, transport: str, traddr: str, trsvcid: str | int, *,
                  hostnqn: str | None = None, hostid: str | None = None,
                  host_traddr: str | None = None,
-                 host_iface: str | None = None, tls: bool = False) -> list[DiscoveryEntry]:
+                 host_iface: str | None = None, tls: bool = False,
+                 device: str | None = None) -> list[DiscoveryEntry]:
         """:func:`.discovery.discover` within the connect timeout."""
         return discovery.discover(self.run, self.kernel_log, transport, traddr, trsvcid,
                                   timeout=self.connect_timeout, hostnqn=hostnqn,
                                   hostid=hostid, host_traddr=host_traddr,
-                                  host_iface=host_iface, tls=tls)
+                                  host_iface=host_iface, tls=tls, device=device)
 
     def connect(self, transport: str, traddr: str, trsvcid: str | int, subsysnqn: str, *,
                 hostnqn: str | None = None, hostid: str | None = None,

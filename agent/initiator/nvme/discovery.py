@@ -67,14 +67,25 @@ def parse_discover(text: str) -> list[DiscoveryEntry]:
 def discover(run: Runner, kernel_log: KernelLogReader, transport: str, traddr: str,
              trsvcid: str | int, *, timeout: float, hostnqn: str | None = None,
              hostid: str | None = None, host_traddr: str | None = None,
-             host_iface: str | None = None, tls: bool = False) -> list[DiscoveryEntry]:
+             host_iface: str | None = None, tls: bool = False,
+             device: str | None = None) -> list[DiscoveryEntry]:
     """The discovery log of ``traddr:trsvcid`` as this host (it lists only what we may
-    use); ``tls``: over NVMe/TCP TLS (a port with TLS required asks it of discovery)."""
+    use); ``tls``: over NVMe/TCP TLS (a port with TLS required asks it of discovery).
+
+    ``device``: a connected discovery controller of this host at that port (``nvme3``)
+    to read it through. Without one, a controller is made for the read and removed
+    (``--force``): nvme-cli would otherwise reuse any persistent discovery controller at
+    that address, whatever host NQN it was made with, and read the log another host sees
+    (found on the real kernel with another tool's controller)."""
     check_fabrics_values(transport=transport, traddr=traddr, trsvcid=trsvcid,
                          hostnqn=hostnqn, hostid=hostid, host_traddr=host_traddr,
                          host_iface=host_iface)
+    if device is not None and not (device.startswith("nvme") and device[4:].isdigit()):
+        raise ValueError(f"not a controller name: {device!r}")
     argv = [NVME, "discover", "--transport", transport, "--traddr", traddr,
             "--trsvcid", str(trsvcid), *host_args(hostnqn, hostid, host_traddr, host_iface),
-            *(["--tls"] if tls else []), "--output-format", "json"]
+            *(["--tls"] if tls else []),
+            *(["--device", device] if device else ["--force"]), "--output-format", "json"]
     result = run_fabrics(run, kernel_log, argv, "discover", timeout)
     return parse_discover(result.stdout)
+

@@ -61,7 +61,9 @@ def _discover(ctx: StageContext, pool: InitiatorPool, hostnqn: str,
             ensure_psk(ctx, pool, hostnqn, DISCOVERY_NQN)
         entries = ctx.cli.discover(t.transport, t.address, str(t.service),
                                    hostnqn=hostnqn, hostid=hostid,
-                                   tls=pool.tls is not None)
+                                   tls=pool.tls is not None,
+                                   device=None if pool.tls is not None else
+                                   _discovery_controller(ctx, address, hostnqn))
         # The log lists only what the storage host's ACL lets this host NQN use: a
         # per-host subsystem there is this host's, whatever name it carries.
         mine = pool_entries(entries, ctx.cfg.node.nqn_prefix, pool.name)
@@ -75,6 +77,17 @@ def _discover(ctx: StageContext, pool: InitiatorPool, hostnqn: str,
             _check_host_name(ctx, pool, e.subnqn, hostnqn)
             found.append(SubsystemPath(e.subnqn, address))
     return found
+
+
+def _discovery_controller(ctx: StageContext, address: FabricsAddress,
+                          hostnqn: str) -> str | None:
+    """A live discovery controller of this host NQN at ``address`` (the agent keeps one:
+    :mod:`agent.initiator.discovery_controllers`), to read the log through: no controller
+    made and removed per pass, and the read acknowledges its discovery AEN."""
+    for c in ctx.sysfs.controllers(DISCOVERY_NQN):
+        if c.hostnqn == hostnqn and c.state == "live" and address.same_endpoint(c.address):
+            return c.name
+    return None
 
 
 def _check_host_name(ctx: StageContext, pool: InitiatorPool, subsysnqn: str,

@@ -533,3 +533,30 @@ def test_detach_never_unmounts_over_a_dead_controller(host: FakeHost) -> None:
     assert "kv" in state(host), "still recorded: detached once the storage answers"
     host.set_state("nvme2", "live")
     assert run(host).ok and host.mounts() == {} and state(host) == {}
+
+
+DISCOVERY = "nqn.2014-08.org.nvmexpress.discovery"
+
+
+def discovers(host: FakeHost) -> list[tuple[str, ...]]:
+    return [c for c in host.runner.calls if c[:2] == ("nvme", "discover")]
+
+
+def test_discovery_reads_through_this_hosts_own_discovery_controller(host: FakeHost) -> None:
+    """A live persistent discovery controller of this host NQN at the target (the agent
+    keeps one) is read through (``--device``); another host NQN's at the same address
+    never is: nvme-cli would reuse it and read the log another host sees (the real
+    kernel showed it), so without one of this host's the read makes its own (--force)."""
+    host.sys.add_controller(7, subsysnqn=DISCOVERY, hostnqn="nqn.2014-08.org.example:other",
+                            address="traddr=10.0.0.1,trsvcid=4420")
+    assert run(host, pool_yaml(host)).ok
+    [argv] = discovers(host)
+    assert "--force" in argv and "--device" not in argv
+    host.sys.add_controller(8, subsysnqn=DISCOVERY, hostnqn=HOST,
+                            address="traddr=10.0.0.1,trsvcid=4420")
+    host.sys.add_controller(9, subsysnqn=DISCOVERY, hostnqn=HOST,
+                            address="traddr=10.0.0.2,trsvcid=4420")  # another target
+    host.runner.calls.clear()
+    assert run(host, pool_yaml(host)).ok
+    [argv] = discovers(host)
+    assert argv[argv.index("--device") + 1] == "nvme8" and "--force" not in argv

@@ -82,7 +82,8 @@ def hand_off_pools(cfg: Config, mounted: Iterable[MountedPool], result: RunResul
 
     for m in mounted:
         try:
-            hand_off(cfg, m.pool, m.mounts, m.transport, m.remounted, result)
+            hand_off(cfg, m.pool, m.mounts, m.transport, m.remounted, result,
+                     fresh=m.fresh)
         except (KvagentError, OSError) as exc:
             result.error("initiator", m.pool.name, getattr(exc, "message", None) or str(exc),
                          getattr(exc, "hint", None))

@@ -27,6 +27,9 @@ class MountedPool:
     mounts: tuple[str, ...]
     transport: str | None
     remounted: bool  # something was made or (re)mounted in this pass
+    #: the mounts this pass made, (re)mounted, grew or recovered (None: it cannot tell
+    #: which, e.g. a striped volume was made; then all of them are stale)
+    fresh: frozenset[str] | None = None
 
 
 def mounted_pool(ctx: StageContext, pool: InitiatorPool, volumes: list[Volume],
@@ -35,7 +38,10 @@ def mounted_pool(ctx: StageContext, pool: InitiatorPool, volumes: list[Volume],
     planning: nothing is handed off)."""
     if ctx.dry_run:
         return None
-    remounted = any(a.pool == pool.name and a.status == "done" and a.kind in REMOUNT_KINDS
-                    for a in ctx.result.actions)
+    changed = [a.subject for a in ctx.result.actions
+               if a.pool == pool.name and a.status == "done" and a.kind in REMOUNT_KINDS]
+    owner = {s: v.mount for v in volumes for s in (v.mount, v.device)}
+    fresh = (frozenset(owner[s] for s in changed)
+             if all(s in owner for s in changed) else None)
     return MountedPool(pool, tuple(v.mount for v in volumes), paths[0].address.transport,
-                       remounted)
+                       bool(changed), fresh)

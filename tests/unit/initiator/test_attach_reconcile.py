@@ -66,7 +66,8 @@ def run(host: FakeHost, pools: str = "", *, dry_run: bool = False) -> RunResult:
     for name in initiator.detach_removed():
         forget(cfg, name, result, dry_run=dry_run)
     for m in initiator.attach_configured():
-        hand_off(cfg, m.pool, m.mounts, m.transport, m.remounted, result, probe=host.probe)
+        hand_off(cfg, m.pool, m.mounts, m.transport, m.remounted, result, probe=host.probe,
+                 fresh=m.fresh)
     return result
 
 
@@ -560,3 +561,18 @@ def test_discovery_reads_through_this_hosts_own_discovery_controller(host: FakeH
     assert run(host, pool_yaml(host)).ok
     [argv] = discovers(host)
     assert argv[argv.index("--device") + 1] == "nvme8" and "--force" not in argv
+
+
+def test_a_namespace_added_is_probed_alone(host: FakeHost) -> None:
+    """The pool's existing mounts keep their recorded probes when a namespace is added:
+    only the new mount is probed (each probe writes and preallocates; under TCG the
+    hand-off of the tenth namespace waited 5 s for the nine probes before it)."""
+    assert run(host, pool_yaml(host)).ok
+    assert len(host.probed) == 2
+    host.probed.clear()
+    host.add_namespaces(NQN, 3)
+    result = run(host, pool_yaml(host))
+    assert result.ok
+    assert [Path(p).name for p in host.probed] == ["store1-ns3"]
+    host.probed.clear()
+    assert run(host, pool_yaml(host)).ok and host.probed == []  # converged: none

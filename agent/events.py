@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .fabrics import DISCOVERY_NQN
 from .log import get_logger
 
 log = get_logger("events")
@@ -206,8 +207,6 @@ class UdevFeed:
             self._observer.send_stop()
 
 
-#: The well-known NQN of discovery controllers (``nvme discover`` makes one and removes it).
-DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 
 
 def _read(path: Path) -> str | None:

@@ -18,6 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+#: The well-known NQN of discovery controllers.
+DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
+
 
 def canonical_traddr(traddr: str | None) -> str | None:
     """Canonical text of a transport address: IPv4/IPv6 compressed and lower case, brackets

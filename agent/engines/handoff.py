@@ -210,10 +210,9 @@ def _probes(cfg: Config, pool: str, mounts: list[str], transport: str | None,
     if not remounted and [p.path for p in recorded] == list(mounts) and all(
             p.transport == transport for p in recorded):
         return recorded
-    keep = {p.path: p for p in recorded if p.transport == transport} \
-        if remounted and fresh is not None else {}
-    probes = [keep[m] if m in keep and m not in fresh else  # type: ignore[operator]
-              probe(m, transport, sysfs=cfg.node.sysfs) for m in mounts]
+    keep = {} if not remounted or fresh is None else {
+        p.path: p for p in recorded if p.transport == transport and p.path not in fresh}
+    probes = [keep.get(m) or probe(m, transport, sysfs=cfg.node.sysfs) for m in mounts]
     write_json(record, [dataclasses.asdict(p) for p in probes])
     return probes
 

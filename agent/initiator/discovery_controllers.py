@@ -25,21 +25,24 @@ as another tool's would be (a connection, not data: nothing is lost).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.model import Config
 from ..errors import KvagentError
-from ..fabrics import FabricsAddress
+from ..fabrics import DISCOVERY_NQN, FabricsAddress
 from ..log import get_logger
 from ..state import read_json, write_json
 from .nvme.cli import NvmeCli
-from .nvme.discovery import DISCOVERY_NQN
 from .nvme.options import FabricsOptions
 from .sysfs import Controller, Sysfs
 
 log = get_logger("initiator.discovery")
+
+#: A recorded controller's name, checked before it goes into a sysfs path or a command.
+CONTROLLER_NAME = re.compile(r"nvme\d+")
 
 #: The record of the discovery controllers kvagent made, in the run directory.
 RECORD = "discovery.json"
@@ -74,22 +77,21 @@ def wanted(cfg: Config, hostnqn: str, hostid: str | None) -> list[Wanted]:
 
 
 def _serves(ctrl: Controller, want: Wanted) -> bool:
-    return (ctrl.subsysnqn == DISCOVERY_NQN and ctrl.hostnqn == want.hostnqn
-            and want.address.same_endpoint(ctrl.address))
+    return ctrl.discovers_for(want.hostnqn, want.address)
 
 
-def _entry(ctrl: Controller) -> dict[str, str | None]:
-    a = ctrl.address
-    return {"name": ctrl.name, "transport": a.transport, "traddr": a.traddr,
-            "trsvcid": a.trsvcid, "hostnqn": ctrl.hostnqn}
+def _entry(name: str, address: FabricsAddress, hostnqn: str | None) -> dict[str, str | None]:
+    return {"name": name, "transport": address.transport, "traddr": address.traddr,
+            "trsvcid": address.trsvcid, "hostnqn": hostnqn}
 
 
 def _still_ours(entry: object, sysfs: Sysfs) -> Controller | None:
     """The recorded controller, if it is still the one recorded (a name is reused once its
     controller is gone)."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+    name = entry.get("name") if isinstance(entry, dict) else None
+    if not (isinstance(name, str) and CONTROLLER_NAME.fullmatch(name)):
         return None
-    ctrl = sysfs.controller(entry["name"])
+    ctrl = sysfs.controller(name)
     if ctrl is None or ctrl.subsysnqn != DISCOVERY_NQN:
         return None
     a = ctrl.address
@@ -113,11 +115,6 @@ class DiscoveryControllers:
         entries = data.get("controllers", []) if isinstance(data, dict) else []
         return entries if isinstance(entries, list) else []
 
-    def owned(self) -> list[Controller]:
-        """The recorded controllers that are still there and still the ones recorded."""
-        found = (_still_ours(e, self.sysfs) for e in self._recorded())
-        return [c for c in found if c is not None]
-
     def sync(self, wants: Iterable[Wanted]) -> list[str]:
         """Connect a discovery controller to each wanted port that has none (kvagent's or
         another tool's); disconnect kvagent's that no pool wants. Returns what it did, for
@@ -129,6 +126,7 @@ class DiscoveryControllers:
                    if c.usable or c.state in ("connecting", "resetting")]
         done: list[str] = []
         keep = [c for c in owned if any(_serves(c, w) for w in wants)]
+        entries = [_entry(c.name, c.address, c.hostnqn) for c in keep]
         for ctrl in owned:
             if ctrl in keep:
                 continue
@@ -138,7 +136,7 @@ class DiscoveryControllers:
             except KvagentError as exc:
                 log.warning("discovery controller not disconnected", device=ctrl.name,
                             error=exc.message)
-                keep.append(ctrl)
+                entries.append(_entry(ctrl.name, ctrl.address, ctrl.hostnqn))
         for want in wants:
             if any(_serves(c, want) for c in present):
                 continue
@@ -153,14 +151,9 @@ class DiscoveryControllers:
                 log.info("no discovery controller now; the passes still discover",
                          target=a.describe(), error=exc.message)
                 continue
-            ctrl = self.sysfs.controller(name)
-            if ctrl is not None:
-                present.append(ctrl)
-            keep.append(Controller(name=name, address=a.endpoint, state="new",
-                                   subsysnqn=DISCOVERY_NQN, hostnqn=want.hostnqn)
-                        if ctrl is None else ctrl)
+            present += [c for c in (self.sysfs.controller(name),) if c is not None]
+            entries.append(_entry(name, a.endpoint, want.hostnqn))
             done.append(f"connected {name} ({a.describe()})")
-        entries = [_entry(c) for c in keep]
         if entries != recorded:
             write_json(self.record, {"controllers": entries})
         return done

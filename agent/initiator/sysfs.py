@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from .. import effects
-from ..fabrics import FabricsAddress
+from ..fabrics import DISCOVERY_NQN, FabricsAddress
 
 #: Controller states in which a controller is (or will soon be) usable.
 USABLE_STATES = frozenset({"live", "connecting", "resetting"})
@@ -167,6 +167,12 @@ class Controller:
     @property
     def device(self) -> str:
         return f"/dev/{self.name}"
+
+    def discovers_for(self, hostnqn: str, address: FabricsAddress) -> bool:
+        """Whether this is a discovery controller of ``hostnqn`` at ``address`` (its log
+        lists what that host may use there)."""
+        return (self.subsysnqn == DISCOVERY_NQN and self.hostnqn == hostnqn
+                and address.same_endpoint(self.address))
 
 
 @dataclass(frozen=True)

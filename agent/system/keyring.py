@@ -23,7 +23,6 @@ from .run import CommandError, Runner
 PROC_KEYS = "/proc/keys"
 PROC = "/proc"
 #: The well-known discovery subsystem: discovery on a TLS port is TLS too.
-DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 RECORD = "tls-psks.json"
 
 

@@ -33,11 +33,12 @@ from nvmet.planner import Action
 from .. import failpoints, progress
 from ..config.model import Config, TargetPool
 from ..errors import KvagentError
+from ..fabrics import DISCOVERY_NQN
 from ..log import get_logger
 from ..naming import parse_subsystem_nqn
 from ..records import SCHEMA, Binding, Storage, TargetRecords
 from ..result import ActionRecord, RunResult
-from ..system.keyring import DISCOVERY_NQN, PskKeyring
+from ..system.keyring import PskKeyring
 from ..system.modules import ensure_modules
 from ..system.run import Runner
 from ..tlspsk import read_psk

@@ -10,14 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ...fabrics import FabricsAddress
+from ...fabrics import DISCOVERY_NQN, FabricsAddress
 from ...system.run import Runner
 from .failures import run_fabrics
 from .kmsg import KernelLogReader
 from .options import check_fabrics_values, host_args
 from .output import NVME, extract_json, get, int_of, list_of, text_of
-
-DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 
 
 @dataclass(frozen=True)

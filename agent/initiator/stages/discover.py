@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from ...config.model import InitiatorPool
 from ...errors import KvagentError
-from ...fabrics import FabricsAddress
+from ...fabrics import DISCOVERY_NQN, FabricsAddress
 from ...log import get_logger
 from ...naming import parse_subsystem_nqn
 from ...records import SubsystemPath
-from ...system.keyring import DISCOVERY_NQN
 from ..connect import pool_entries
 from ..kernel_quirks import loopback_tcp_warning, thp_mode
 from .context import StageContext
@@ -84,10 +83,8 @@ def _discovery_controller(ctx: StageContext, address: FabricsAddress,
     """A live discovery controller of this host NQN at ``address`` (the agent keeps one:
     :mod:`agent.initiator.discovery_controllers`), to read the log through: no controller
     made and removed per pass, and the read acknowledges its discovery AEN."""
-    for c in ctx.sysfs.controllers(DISCOVERY_NQN):
-        if c.hostnqn == hostnqn and c.state == "live" and address.same_endpoint(c.address):
-            return c.name
-    return None
+    return next((c.name for c in ctx.sysfs.controllers(DISCOVERY_NQN)
+                 if c.state == "live" and c.discovers_for(hostnqn, address)), None)
 
 
 def _check_host_name(ctx: StageContext, pool: InitiatorPool, subsysnqn: str,

@@ -146,3 +146,16 @@ initiator:
 """)
     assert wanted(load_config(tmp_path / "k.yaml"), HOSTNQN, None) == []
     assert wanted(config(tmp_path), HOSTNQN, None) == []
+
+
+def test_a_recorded_name_that_is_not_a_controllers_is_dropped(tmp_path: Path, host) -> None:  # type: ignore[no-untyped-def]
+    """The record is read as hostile input: a name that is not ``nvme<N>`` never reaches a
+    sysfs path or a disconnect."""
+    sys, run, cli, keeper = host
+    controller(sys, "nvme0", DISCOVERY_NQN, "10.0.0.1", HOSTNQN)
+    entry = {"transport": "tcp", "traddr": "10.0.0.1", "trsvcid": "4420", "hostnqn": HOSTNQN}
+    (run / RECORD).write_text(json.dumps({"controllers": [
+        {**entry, "name": "../../class/nvme/nvme0"}, {**entry, "name": "nvme0 "}]}))
+    keeper.sync([])
+    assert cli.calls == [] and (sys / "class/nvme/nvme0").exists()
+    assert json.loads((run / RECORD).read_text())["controllers"] == []

@@ -52,7 +52,6 @@ from .nvme.discovery import DiscoveryEntry
 from .nvme.failures import (
     AlreadyConnected,
     ConnectError,
-    PermanentConnectError,
     TransientConnectError,
 )
 from .nvme.options import FabricsOptions
@@ -209,21 +208,21 @@ def connect(target: Target, *, cli: NvmeCli, sysfs: Sysfs, attempts: int = 5,
         current = find_controllers(target, sysfs)
         if current:
             return tuple(current)
-        others = _other_hosts(target, sysfs)
         try:
+            # Through /dev/nvme-fabrics, not nvme connect (see NvmeCli.add_controller): the
+            # kernel refuses (EALREADY) when this host identity has a controller there;
+            # another host NQN's is no obstacle.
             addr = target.address
-            name = cli.connect(addr.transport, addr.traddr or "", addr.trsvcid or "",
-                               target.subsysnqn, hostnqn=target.hostnqn, hostid=target.hostid,
-                               host_iface=addr.host_iface, host_traddr=addr.host_traddr,
-                               options=target.options, duplicate=bool(others))
+            name = cli.add_controller(addr.transport, addr.traddr or "", addr.trsvcid or "",
+                                      target.subsysnqn, hostnqn=target.hostnqn,
+                                      hostid=target.hostid, host_iface=addr.host_iface,
+                                      host_traddr=addr.host_traddr, options=target.options,
+                                      duplicate=False)
         except AlreadyConnected as exc:
             current = find_controllers(target, sysfs)
             if current:
                 return tuple(current)  # it was there after all (or appeared meanwhile)
-            others = _other_hosts(target, sysfs)
-            if others:
-                raise _held_by_other_host(target, others, exc) from None
-            # What nvme-cli saw is going away (deleting) or came and went: retry.
+            # What the kernel saw is going away (deleting) or came and went: retry.
             raise TransientConnectError(str(exc), "a controller for this target is changing "
                                         "state; retrying") from None
         made.append(True)
@@ -461,25 +460,6 @@ def _live_with_paths(target: Target, sysfs: Sysfs, name: str, nsids: set[int],
         if clock() >= deadline:
             return None
         sleep(0.1)
-
-
-def _other_hosts(target: Target, sysfs: Sysfs) -> list[Controller]:
-    """Usable controllers to the same subsystem and port held by other host NQNs."""
-    return [c for c in sysfs.controllers(target.subsysnqn, fresh=True)
-            if target.same_port(c) and c.usable and c.hostnqn != target.hostnqn]
-
-
-def _held_by_other_host(target: Target, others: list[Controller],
-                        exc: AlreadyConnected) -> PermanentConnectError:
-    held = ", ".join(f"{c.name} (host NQN {c.hostnqn})" for c in others)
-    return PermanentConnectError(
-        f"cannot connect {target.subsysnqn} at {target.address.traddr}:"
-        f"{target.address.trsvcid} as "
-        f"{target.hostnqn}: nvme-cli reports it already connected because {held} holds that "
-        "subsystem and port",
-        "nvme-cli 2.3 refuses a second host identity on one subsystem and port even with "
-        "--duplicate-connect; disconnect the other identity's controller first",
-        result=exc.result, kernel=exc.kernel, errno_name="EALREADY")
 
 
 def _settled(target: Target, sysfs: Sysfs, name: str | None, settle: float,

@@ -885,8 +885,9 @@ def test_no_file_kvagent_wrote_holds_a_secret(world: World) -> None:
 
 
 def test_the_secrets_reached_where_they_must(world: World) -> None:
-    """The grep is not blind: the secrets are in nvmet, in the GPU host's kernel, on the
-    nvme connect command line and in the export file (0600), in the forms looked for."""
+    """The grep is not blind: the secrets are in nvmet, in the GPU host's kernel, in the
+    connect requests written to /dev/nvme-fabrics (on the writer's standard input, never
+    its command line) and in the export file (0600), in the forms looked for."""
     gpu0 = Path(world.key("gpu0")).read_text().strip()
     assert world.fs.read(f"hosts/{HOST}/dhchap_key") == gpu0
     assert gpu0 in world.secrets.all.values()
@@ -894,8 +895,8 @@ def test_the_secrets_reached_where_they_must(world: World) -> None:
     assert world.fs.read(f"hosts/{H2}/dhchap_ctrl_key") == ctrl
     sysfs = {p.read_text().strip() for p in (world.gpu_root / "sys").rglob("dhchap_secret")}
     assert gpu0 in sysfs, "the GPU host's controllers did not get gpu0's secret"
-    connects = [c for c in world.gpu.runner.calls if "--dhchap-secret" in c]
-    assert connects and all(world.secrets.find(" ".join(c)) for c in connects)
+    connects = [w for w in world.gpu.fabrics_writes if "dhchap_secret" in w]
+    assert connects and all(world.secrets.find(w["dhchap_secret"]) for w in connects)
     keydata = [c for c in world.storage_runner.calls if "--keydata" in c]
     assert keydata and all(world.secrets.find(" ".join(c)) for c in keydata)
     assert world.export_files

@@ -91,12 +91,13 @@ class NvmeCli:
                        *, hostnqn: str, hostid: str | None = None,
                        host_iface: str | None = None, host_traddr: str | None = None,
                        options: FabricsOptions | None = None,
-                       timeout: float | None = None) -> str:
+                       timeout: float | None = None, duplicate: bool = True) -> str:
         """:func:`.controllers.add_controller` through this object's ``fabrics_write``."""
         return controllers.add_controller(
             self.fabrics_write, self.kernel_log, transport, traddr, trsvcid, subsysnqn,
             hostnqn=hostnqn, hostid=hostid, host_iface=host_iface, host_traddr=host_traddr,
-            options=options, timeout=timeout, connect_timeout=self.connect_timeout)
+            options=options, timeout=timeout, connect_timeout=self.connect_timeout,
+            duplicate=duplicate)
 
     def disconnect(self, *, device: str | None = None, nqn: str | None = None,
                    timeout: float | None = None) -> int | None:

@@ -80,18 +80,21 @@ def add_controller(write: Callable[[str, float], str], kernel_log: KernelLogRead
                    hostnqn: str, hostid: str | None = None, host_iface: str | None = None,
                    host_traddr: str | None = None, options: FabricsOptions | None = None,
                    timeout: float | None = None,
-                   connect_timeout: float = CONNECT_TIMEOUT) -> str:
-    """A further controller to a subsystem and port this host is connected to, through
-    the kernel's ``/dev/nvme-fabrics`` with ``duplicate_connect``; returns its name.
-    ``write`` writes the options and returns the kernel's answer
-    (:func:`~.options.fabrics_write_command`); it may take ``timeout`` seconds (at most
-    ``connect_timeout``).
+                   connect_timeout: float = CONNECT_TIMEOUT, duplicate: bool = True) -> str:
+    """A controller made through the kernel's ``/dev/nvme-fabrics``; returns its name.
+    ``duplicate``: a further controller to a subsystem and port this host is connected
+    to (``duplicate_connect``); without it the kernel refuses with EALREADY when this
+    host identity has one there (:class:`AlreadyConnected`). ``write`` writes the options
+    and returns the kernel's answer (:func:`~.options.fabrics_write_command`); it may take
+    ``timeout`` seconds (at most ``connect_timeout``).
 
-    Not ``nvme connect --duplicate-connect``: nvme-cli 2.3 refuses it, and 2.13 (libnvme
-    1.13) was seen giving the new controller the connected one's controller secret
-    instead of the one passed (kernel tier, 6.12). Failures raise a
-    :class:`ConnectError` subclass as :func:`connect` does; the options, secrets among
-    them, are never logged."""
+    Not ``nvme connect``: nvme-cli 2.3 reads the host's whole NVMe topology for every
+    connect (17 ms more per controller already there, under TCG) and keeps a file open
+    per namespace while it does (EMFILE past 1,024 namespaces, the default limit of open
+    files); it refuses ``--duplicate-connect``; and 2.13 (libnvme 1.13) was seen giving a
+    further controller the connected one's controller secret instead of the one passed
+    (kernel tier, 6.12). Failures raise a :class:`ConnectError` subclass as
+    :func:`connect` does; the options, secrets among them, are never logged."""
     opts = options or FabricsOptions()
     check_fabrics_values(transport=transport, traddr=traddr, trsvcid=trsvcid,
                          nqn=subsysnqn, hostnqn=hostnqn, hostid=hostid,
@@ -101,7 +104,8 @@ def add_controller(write: Callable[[str, float], str], kernel_log: KernelLogRead
     tokens = [f"transport={transport}", f"traddr={traddr}", f"trsvcid={trsvcid}",
               f"nqn={subsysnqn}", f"hostnqn={hostnqn}",
               *([f"hostid={hostid}"] if hostid else []),
-              *opts.kernel_options(host_iface, host_traddr), "duplicate_connect"]
+              *opts.kernel_options(host_iface, host_traddr),
+              *(["duplicate_connect"] if duplicate else [])]
     limit = connect_timeout if timeout is None else min(timeout, connect_timeout)
     mark = kernel_log.mark()
     argv = ("write", FABRICS_DEV)

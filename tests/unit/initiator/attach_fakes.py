@@ -214,6 +214,7 @@ node:
         return next(e for e in self.exports if e.nqn == nqn)
 
     def _connect(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        """``nvme connect`` (nvme-cli 2.3: "already connected" for any host NQN)."""
         nqn, traddr = self.opt(argv, "--nqn"), self.opt(argv, "--traddr")
         if traddr in self.unreachable:
             return self.ok(argv, rc=1, err="Failed to write to /dev/nvme-fabrics: "
@@ -221,52 +222,66 @@ node:
         for c in self.sysfs.controllers():
             if (c.subsysnqn, c.address.traddr) == (nqn, traddr):
                 return self.ok(argv, rc=1, err="already connected\n")
+        opts = {"nqn": nqn, "traddr": traddr}
+        for key, flag in (("hostnqn", "--hostnqn"), ("hostid", "--hostid"),
+                          ("reconnect_delay", "--reconnect-delay"),
+                          ("ctrl_loss_tmo", "--ctrl-loss-tmo"), ("host_traddr", "--host-traddr"),
+                          ("host_iface", "--host-iface"), ("dhchap_secret", "--dhchap-secret"),
+                          ("dhchap_ctrl_secret", "--dhchap-ctrl-secret")):
+            if (value := self.opt(argv, flag)) is not None:
+                opts[key] = value
+        if "--tls" in argv:
+            opts["tls"] = ""
+        return self.ok(argv, json.dumps({"device": f"nvme{self._new_controller(opts)}"}))
+
+    def _fabrics_write(self, options: str, _timeout: float) -> str:
+        """/dev/nvme-fabrics: a new controller (refused with EALREADY when this host
+        identity has one to the subsystem at that address, unless ``duplicate_connect``);
+        a further one to a subsystem this host has gets a path to each of its namespaces
+        (native multipath)."""
+        opts = dict(t.split("=", 1) if "=" in t else (t, "") for t in options.split(","))
+        self.fabrics_writes.append(opts)
+        if opts["traddr"] in self.unreachable:
+            raise OSError(errno.ECONNREFUSED, os.strerror(errno.ECONNREFUSED))
+        if "duplicate_connect" not in opts and any(
+                (c.subsysnqn, c.address.traddr, c.hostnqn, c.address.host_traddr,
+                 c.address.host_iface) == (opts["nqn"], opts["traddr"], opts.get("hostnqn"),
+                                           opts.get("host_traddr"), opts.get("host_iface"))
+                for c in self.sysfs.controllers()):
+            # (the kernel's nvmf_ip_options_match: the host side must be given to both and
+            # equal, or to neither)
+            raise OSError(errno.EALREADY, os.strerror(errno.EALREADY))
+        return f"instance={self._new_controller(opts)},cntlid=1\n"
+
+    def _new_controller(self, opts: dict[str, str]) -> int:
+        """What the kernel makes of a connect request: a controller, and for the first
+        one to a subsystem, the subsystem and its namespaces."""
+        nqn, traddr = opts["nqn"], opts["traddr"]
         inst = self.next_ctrl
         self.next_ctrl += 1
-        delay = int(self.opt(argv, "--reconnect-delay") or 10)
-        loss = int(self.opt(argv, "--ctrl-loss-tmo") or 600)
+        delay = int(opts.get("reconnect_delay") or 10)
+        loss = int(opts.get("ctrl_loss_tmo") or 600)
         # The kernel shows the host side it was given (nvmf_get_address), then src_addr.
-        host_side = "".join(f",{key}={value}" for key, flag in (
-            ("host_traddr", "--host-traddr"), ("host_iface", "--host-iface"))
-            if (value := self.opt(argv, flag)) is not None)
-        self.sys.add_controller(inst, subsysnqn=nqn, hostnqn=self.opt(argv, "--hostnqn"),
-                                hostid=self.opt(argv, "--hostid"), transport="tcp",
+        host_side = "".join(f",{key}={opts[key]}" for key in ("host_traddr", "host_iface")
+                            if key in opts)
+        self.sys.add_controller(inst, subsysnqn=nqn, hostnqn=opts.get("hostnqn"),
+                                hostid=opts.get("hostid"), transport="tcp",
                                 address=f"traddr={traddr},trsvcid=4420{host_side},"
                                         "src_addr=10.0.0.9",
                                 ctrl_loss_tmo="off" if loss < 0 else -(-loss // delay) * delay,
                                 reconnect_delay=delay, fast_io_fail_tmo="off",
-                                dhchap_secret=self.opt(argv, "--dhchap-secret") or "none",
-                                dhchap_ctrl_secret=self.opt(argv, "--dhchap-ctrl-secret")
-                                or "none",
+                                dhchap_secret=opts.get("dhchap_secret") or "none",
+                                dhchap_ctrl_secret=opts.get("dhchap_ctrl_secret") or "none",
                                 # 6.12: only a controller connected with TLS has tls_key
-                                tls_key="0d1e2f3a" if "--tls" in argv else None)
+                                tls_key="0d1e2f3a" if "tls" in opts else None)
         first = next((c for c in self.sysfs.controllers()
                       if c.subsysnqn == nqn and c.name != f"nvme{inst}"), None)
-        if first is not None:  # a second path: the kernel adds it to the same subsystem
-            return self.ok(argv, json.dumps({"device": f"nvme{inst}"}))
-        self.sys.add_subsystem(inst, nqn, controllers=(inst,))
-        export = self._export(nqn)
-        for nsid in export.nsids:
-            self._add_head(inst, nqn, nsid, export.size)
-        return self.ok(argv, json.dumps({"device": f"nvme{inst}"}))
-
-    def _fabrics_write(self, options: str, _timeout: float) -> str:
-        """/dev/nvme-fabrics with duplicate_connect: a further controller to a subsystem
-        this host has, with a path to each of its namespaces (native multipath)."""
-        opts = dict(t.split("=", 1) if "=" in t else (t, "") for t in options.split(","))
-        self.fabrics_writes.append(opts)
-        nqn = opts["nqn"]
-        inst = self.next_ctrl
-        self.next_ctrl += 1
-        self.sys.add_controller(inst, subsysnqn=nqn, hostnqn=opts.get("hostnqn"),
-                                hostid=opts.get("hostid"), transport="tcp",
-                                address=f"traddr={opts['traddr']},trsvcid=4420,"
-                                        "src_addr=10.0.0.9",
-                                ctrl_loss_tmo="off", reconnect_delay=10,
-                                fast_io_fail_tmo="off",
-                                dhchap_secret=opts.get("dhchap_secret", "none"),
-                                dhchap_ctrl_secret=opts.get("dhchap_ctrl_secret", "none"),
-                                tls_key="0d1e2f3b" if "tls" in opts else None)
+        if first is None:
+            self.sys.add_subsystem(inst, nqn, controllers=(inst,))
+            export = self._export(nqn)
+            for nsid in export.nsids:
+                self._add_head(inst, nqn, nsid, export.size)
+            return inst
         sub = self._subsys_inst(nqn)
         sd = self.root / "sys/class/nvme-subsystem" / f"nvme-subsys{sub}"
         ctrls = sorted(int(e.name[4:]) for e in sd.iterdir() if re.match(r"nvme\d+$", e.name))
@@ -278,7 +293,7 @@ node:
             size = int((head / "size").read_text())
             self.sys.add_namespace(sub, nsid, namespace_uuid(nqn, nsid), size=size,
                                    paths=tuple((c, "optimized") for c in paths))
-        return f"instance={inst},cntlid=1\n"
+        return inst
 
     def _add_head(self, inst: int, nqn: str, nsid: int, size: int) -> None:
         head = self.sys.add_namespace(inst, nsid, namespace_uuid(nqn, nsid),

@@ -27,8 +27,8 @@ def test_a_plan_shows_a_new_secret_and_writes_none(host: FakeHost, tmp_path: Pat
     pools = pool_yaml(host, subsystem=NQN).replace(
         "      engines:", f"      auth: {{key_file: {key}}}\n      engines:")
     assert run(host, pools).ok
-    [argv] = host.runner.ran("nvme", "connect")
-    assert argv[argv.index("--dhchap-secret") + 1] == read_secret(key).text
+    [opts] = host.fabrics_writes
+    assert opts["dhchap_secret"] == read_secret(key).text
     secret = host.root / "sys/class/nvme/nvme2/dhchap_secret"
     old = secret.read_text().strip()
 
@@ -41,4 +41,4 @@ def test_a_plan_shows_a_new_secret_and_writes_none(host: FakeHost, tmp_path: Pat
     done = run(host, pools)
     assert done.ok, done.errors
     assert secret.read_text().strip() == read_secret(key).text
-    assert len(host.runner.ran("nvme", "connect")) == 1  # the same controller
+    assert len(host.fabrics_writes) == 1  # the same controller

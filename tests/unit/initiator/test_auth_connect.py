@@ -40,9 +40,8 @@ def test_connect_passes_the_secrets_and_repr_hides_them(tmp_path: Path) -> None:
     kernel = FakeKernel(FakeSysfs(tmp_path))
     t = auth_target(K1, K2)
     connect(t, cli=kernel.cli, sysfs=Sysfs(tmp_path), sleep=lambda s: None)
-    [argv] = kernel.runner.ran("nvme", "connect")
-    assert argv[argv.index("--dhchap-secret") + 1] == K1
-    assert argv[argv.index("--dhchap-ctrl-secret") + 1] == K2
+    [opts] = kernel.fabrics_writes
+    assert (opts["dhchap_secret"], opts["dhchap_ctrl_secret"]) == (K1, K2)
     assert K1 not in repr(t) and K2 not in repr(t.options)
 
 
@@ -56,7 +55,7 @@ def test_a_new_secret_reaches_live_controllers_without_a_reconnect(tmp_path: Pat
     same = connect(auth_target(K1), cli=kernel.cli, sysfs=sysfs, sleep=lambda s: None)
     assert not same.changed
     rotated = connect(auth_target(K2), cli=kernel.cli, sysfs=sysfs, sleep=lambda s: None)
-    assert rotated.changed and kernel.runner.ran("nvme", "connect") == []
+    assert rotated.changed and kernel.fabrics_writes == []
     assert sysfs.controller_secret("nvme2", "dhchap_secret") == K2
     assert sysfs.controller_secret("nvme2", "dhchap_ctrl_secret") is None
 

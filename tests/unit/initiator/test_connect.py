@@ -1,14 +1,17 @@
-"""Idempotent connect, retries and targeted disconnect, with a fake nvme-cli over a fake sysfs.
+"""Idempotent connect, retries and targeted disconnect, with a fake kernel over a fake sysfs.
 
-The fake nvme-cli behaves as the recorded 2.3 one does (fixtures/nvme-2.3/cases):
-a connect creates a controller in sysfs and prints {"device": ...}; a repeat
-connect to the same subsystem and port prints "already connected" and exits 1
-whatever the host NQN.
+A connect is a write to /dev/nvme-fabrics: the fake kernel creates a controller in sysfs
+and answers ``instance=N``; a repeat connect of the same host identity to the same
+subsystem and port is refused with EALREADY (without ``duplicate_connect``). Failures
+replay the recorded ones (fixtures/nvme-2.3/cases): the kernel's lines, and the errno
+nvme-cli reported for its own write.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -95,11 +98,22 @@ class FakeKernel:
         return CommandResult(argv, 0, json.dumps({"device": f"nvme{inst}"}), "")
 
     def fabrics_write(self, options: str, _timeout: float) -> str:
-        """/dev/nvme-fabrics: the kernel adds a controller (duplicate_connect honoured)."""
+        """/dev/nvme-fabrics: the kernel adds a controller (EALREADY for this host
+        identity's second one to a subsystem and port, unless duplicate_connect)."""
         opts = dict(t.split("=", 1) if "=" in t else (t, "") for t in options.split(","))
         self.fabrics_writes.append(opts)
         if self.fabrics_errors:
             raise self.fabrics_errors.pop(0)
+        if self.failures:
+            case = self.failures.pop(0)
+            self.log.lines = [ln for ln in case["kernel"] if ln.startswith("nvme ")]
+            err = errno.ECONNREFUSED if "Connection refused" in case["stderr"] else errno.EIO
+            raise OSError(err, os.strerror(err))
+        if "duplicate_connect" not in opts and any(
+                (c.address.traddr, c.address.trsvcid, c.subsysnqn, c.hostnqn)
+                == (opts["traddr"], opts["trsvcid"], opts["nqn"], opts.get("hostnqn"))
+                for c in Sysfs(self.fake.root).controllers()):
+            raise OSError(errno.EALREADY, os.strerror(errno.EALREADY))
         inst = self.next
         self.next += 1
         self.fake.add_controller(inst, subsysnqn=opts["nqn"], hostnqn=opts.get("hostnqn"),
@@ -139,8 +153,9 @@ def run_connect(kernel: FakeKernel, t: Target, **kw):
     return result, sleeps
 
 
-def connects(kernel: FakeKernel) -> list[tuple[str, ...]]:
-    return kernel.runner.ran("nvme", "connect")
+def connects(kernel: FakeKernel) -> list[dict[str, str]]:
+    """The connect requests written to /dev/nvme-fabrics."""
+    return kernel.fabrics_writes
 
 
 # --------------------------------------------------------------- idempotency
@@ -150,9 +165,10 @@ def test_connects_when_nothing_matches(kernel: FakeKernel) -> None:
     assert result.changed
     [ctrl] = result.controllers
     assert (ctrl.name, ctrl.hostnqn, ctrl.state) == ("nvme5", HOST, "live")
-    [argv] = connects(kernel)
-    assert "--duplicate-connect" not in argv
-    assert argv[argv.index("--hostid"):argv.index("--hostid") + 2] == ("--hostid", HOSTID)
+    [opts] = connects(kernel)
+    assert "duplicate_connect" not in opts
+    assert (opts["hostnqn"], opts["hostid"]) == (HOST, HOSTID)
+    assert kernel.runner.ran("nvme", "connect") == []  # (nvme-cli reads every controller)
 
 
 def test_existing_matching_controller_is_reused_without_nvme_connect(kernel: FakeKernel) -> None:
@@ -238,36 +254,24 @@ def test_host_traddr_and_iface_must_match_when_configured(kernel: FakeKernel) ->
 
 
 def test_other_host_nqn_is_not_ours_and_gets_its_own_connect(kernel: FakeKernel) -> None:
-    """hostnqn mismatch -> a new connect. nvme-cli 2.3 then says 'already connected'
-    (it ignores the host NQN) even with --duplicate-connect: a permanent error naming the holder."""
+    """hostnqn mismatch -> a new connect, without duplicate_connect: the kernel compares
+    the host identity (nvme-cli 2.3 did not, and refused even with --duplicate-connect)."""
     kernel.fake.add_controller(2, subsysnqn=NQN, hostnqn=OTHER,
                                address="traddr=10.0.0.1,trsvcid=4420")
-    with pytest.raises(PermanentConnectError, match=r"nvme2 \(host NQN " + OTHER):
-        run_connect(kernel, target())
-    [argv] = connects(kernel)
-    assert "--duplicate-connect" in argv
-    assert argv[argv.index("--hostnqn") + 1] == HOST
-
-
-def test_other_host_nqn_with_a_duplicate_honouring_nvme_cli(kernel: FakeKernel) -> None:
-    kernel.fake.add_controller(2, subsysnqn=NQN, hostnqn=OTHER,
-                               address="traddr=10.0.0.1,trsvcid=4420")
-    kernel.runner.on_call(["nvme", "connect", "--transport"], lambda argv, i: (
-        kernel.fake.add_controller(9, subsysnqn=NQN, hostnqn=HOST,
-                                   address="traddr=10.0.0.1,trsvcid=4420"),
-        CommandResult(argv, 0, '{"device":"nvme9"}', ""))[1])
     result, _ = run_connect(kernel, target())
-    assert result.changed and [c.name for c in result.controllers] == ["nvme9"]
+    assert result.changed and [c.hostnqn for c in result.controllers] == [HOST]
+    [opts] = connects(kernel)
+    assert "duplicate_connect" not in opts and opts["hostnqn"] == HOST
 
 
-def test_exit_1_already_connected_then_sysfs_shows_ours(kernel: FakeKernel) -> None:
-    """A controller that appears between our check and nvme connect is reused."""
-    def racing(argv, _input):
+def test_already_connected_then_sysfs_shows_ours(kernel: FakeKernel) -> None:
+    """A controller that appears between our check and the connect is reused (the
+    kernel refused the connect with EALREADY)."""
+    def racing(options: str, _timeout: float) -> str:
         kernel.fake.add_controller(7, subsysnqn=NQN, hostnqn=HOST,
                                    address="traddr=10.0.0.1,trsvcid=4420")
-        c = recorded("connect-again")
-        return CommandResult(argv, c["returncode"], c["stdout"], c["stderr"])
-    kernel.runner.on_call(["nvme", "connect", "--transport"], racing)
+        return kernel.fabrics_write(options, _timeout)
+    kernel.cli.fabrics_write = racing
     result, _ = run_connect(kernel, target())
     assert [c.name for c in result.controllers] == ["nvme7"]
     assert len(connects(kernel)) == 1

@@ -191,6 +191,9 @@ def test_plan_and_apply_report_the_plaintext_controller_replaced(host: FakeHost,
     assert run(host, plain).ok
     mounts = host.mounts()
     assert list(mounts.values()) == ["/dev/nvme2n1"]
+    [plaintext] = host.fabrics_writes
+    assert "tls" not in plaintext
+    del host.fabrics_writes[:]
     psk = str(tmp_path / "pool.psk")
     write_secret(psk, generate_psk())
     with_tls = plain.replace("      engines:", f"      tls: {{key_file: {psk}}}\n      engines:")

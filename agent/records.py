@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from . import effects
 from .fabrics import FabricsAddress
-from .state import StateError, read_json, write_json
+from .state import StateError, json_text, read_json, write_json, write_json_text
 
 SCHEMA = 2
 TARGET_FILE = "target.json"
@@ -480,9 +480,27 @@ class InitiatorRecords:
                                        for n, p in d.get("pools", {}).items()}, data)
 
     @staticmethod
-    def save(state_dir: Path | str, pools: Mapping[str, PoolAttachment]) -> None:
-        write_json(Path(state_dir) / INITIATOR_FILE, {
-            "schema": SCHEMA, "pools": {n: p.to_json() for n, p in sorted(pools.items())}})
+    def save(state_dir: Path | str, pools: Mapping[str, PoolAttachment],
+             texts: dict[str, tuple[PoolAttachment, str]] | None = None) -> None:
+        """Write every pool's record, the same text as :func:`~agent.state.write_json`
+        of the whole document.
+
+        ``texts``: each pool's JSON text as this caller last saved it, kept here and reused
+        while the same record object is saved again (the caller never changes a record
+        it has saved: it saves a new object). A pass that attaches many pools saves after
+        each step of each; without it every save formatted every pool's record again
+        (2 ms more per pool already attached, per save, under TCG)."""
+        parts = []
+        for name, pool in sorted(pools.items()):
+            hit = texts.get(name) if texts is not None else None
+            if hit is None or hit[0] is not pool:
+                hit = (pool, json_text(pool.to_json()))
+                if texts is not None:
+                    texts[name] = hit
+            parts.append(f"    {json_text(name)}: " + hit[1].replace("\n", "\n    "))
+        body = ("{\n" + ",\n".join(parts) + "\n  }") if parts else "{}"
+        write_json_text(Path(state_dir) / INITIATOR_FILE,
+                        f'{{\n  "pools": {body},\n  "schema": {json_text(SCHEMA)}\n}}')
 
 
 # ---------------------------------------------------------------- other records

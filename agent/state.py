@@ -102,14 +102,24 @@ def read_json(path: Path, default: Any) -> Any:
                          "what it owns", "restore it from backup or inspect it") from None
 
 
+def json_text(data: Any) -> str:
+    """A record's text as :func:`write_json` writes it (sorted keys, indented by 2)."""
+    return json.dumps(data, indent=2, sort_keys=True)
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write a JSON record atomically (temp file in the same directory, fsync, rename,
     fsync of the directory)."""
+    write_json_text(path, json_text(data))
+
+
+def write_json_text(path: Path, text: str) -> None:
+    """Write a record's JSON text (:func:`json_text`) as :func:`write_json` does."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
+            f.write(text)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())

@@ -50,9 +50,11 @@ def load_state(state_dir: Path) -> dict[str, PoolAttachment]:
     return InitiatorRecords.load(state_dir)
 
 
-def save_state(state_dir: Path, pools: dict[str, PoolAttachment]) -> None:
-    """Write ``initiator.json`` (the records of every attached pool)."""
-    InitiatorRecords.save(state_dir, pools)
+def save_state(state_dir: Path, pools: dict[str, PoolAttachment],
+               texts: dict[str, tuple[PoolAttachment, str]] | None = None) -> None:
+    """Write ``initiator.json`` (the records of every attached pool; ``texts``: see
+    :meth:`InitiatorRecords.save`)."""
+    InitiatorRecords.save(state_dir, pools, texts)
 
 
 def _union(*lists: list) -> list:
@@ -88,6 +90,9 @@ class InitiatorPass:
         self.ctx = StageContext(cfg, runner, result, dry_run, sysfs or Sysfs(cfg.node.sysfs),
                                 cli or NvmeCli(runner), seams or HostSeams())
         self.state_dir = Path(cfg.node.state_dir)
+        #: each pool's record text as this pass last saved it (records are replaced,
+        #: never changed, once in the state this pass saves)
+        self._texts: dict[str, tuple[PoolAttachment, str]] = {}
 
     def _fail(self, pool: str | None, exc: Exception) -> None:
         if isinstance(exc, KvagentError):
@@ -122,7 +127,7 @@ class InitiatorPass:
             detached.append(name)
             if not self.dry_run:
                 del state[name]
-                save_state(self.state_dir, state)
+                save_state(self.state_dir, state, self._texts)
         return detached
 
     def attach_configured(self) -> list[MountedPool]:
@@ -168,10 +173,10 @@ class InitiatorPass:
                 merged = merge_record(old, box[0])
                 if not merged.subsystems:  # nothing connected, nothing to undo later
                     if state.pop(name, None) is not None:
-                        save_state(self.state_dir, state)
+                        save_state(self.state_dir, state, self._texts)
                 elif state.get(name) != merged:
                     state[name] = copy.deepcopy(merged)
-                    save_state(self.state_dir, state)
+                    save_state(self.state_dir, state, self._texts)
 
             self.ctx.checkpoint = checkpoint
             try:

@@ -4,6 +4,7 @@ files stay the same."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -13,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.fabrics import FabricsAddress
-from agent.records import Binding, Storage
+from agent.records import Binding, PoolAttachment, Storage
 
 text = st.text(max_size=12)
 #: What a binding's storage path may be (records refuse '..' components and NUL).
@@ -120,3 +121,48 @@ def test_a_subsystem_path_with_unknown_fields_is_malformed(tmp_path: Path) -> No
         {"schema": 2, "pools": {"kv": {"hostnqn": "h", "subsystems": [sub]}}}))
     with pytest.raises(RecordError, match="malformed"):
         InitiatorRecords.load(tmp_path)
+
+
+# ------------------------------------------------------- initiator.json, saved often
+def attachment(i: int, devices: int = 3) -> PoolAttachment:
+    from agent.records import AttachedDevice, SubsystemPath
+
+    nqn = f"nqn.2026-11.io.kvagent:store:p{i}"
+    return PoolAttachment(
+        "h", subsystems=[SubsystemPath(nqn, FabricsAddress("tcp", "10.0.0.1", "4420"))],
+        devices=[AttachedDevice(nqn, n, f"uuid-{i}-{n}", f"/dev/nvme{i}n{n}",
+                                f"/srv/kv/p{i}-ns{n}") for n in range(1, devices + 1)],
+        mounts=[f"/srv/kv/p{i}-ns{n}" for n in range(1, devices + 1)], complete=True)
+
+
+@pytest.mark.parametrize("count", [0, 1, 5])
+def test_initiator_records_are_the_documents_json_text(tmp_path, count: int) -> None:
+    """The records file, put together pool by pool, is byte for byte what write_json of
+    the whole document writes, and loads back."""
+    from agent.records import INITIATOR_FILE, SCHEMA, InitiatorRecords
+    from agent.state import write_json
+
+    pools = {f"p{i:02d}": attachment(i) for i in range(count)}
+    InitiatorRecords.save(tmp_path, pools, {})
+    whole = tmp_path / "whole.json"
+    write_json(whole, {"schema": SCHEMA, "pools": {n: p.to_json() for n, p in pools.items()}})
+    assert (tmp_path / INITIATOR_FILE).read_bytes() == whole.read_bytes()
+    assert InitiatorRecords.load(tmp_path) == pools
+
+
+def test_a_save_formats_only_the_records_that_changed(tmp_path, monkeypatch) -> None:
+    """A pass saves after each step of each pool: the records it saved before, the same
+    objects, are not formatted again (that grew each save with the pools attached)."""
+    from agent.records import InitiatorRecords
+
+    pools = {f"p{i:02d}": attachment(i) for i in range(20)}
+    texts: dict = {}
+    InitiatorRecords.save(tmp_path, pools, texts)
+    formatted: list[str] = []
+    real = PoolAttachment.to_json
+    monkeypatch.setattr(PoolAttachment, "to_json",
+                        lambda self: formatted.append(self.hostnqn) or real(self))
+    pools["p07"] = dataclasses.replace(pools["p07"], hostnqn="changed", complete=False)
+    InitiatorRecords.save(tmp_path, pools, texts)
+    assert formatted == ["changed"]
+    assert InitiatorRecords.load(tmp_path) == pools

@@ -13,8 +13,9 @@ mkfs/mount) is ignored or folded into the same batch.
 A controller that loses its connection sends no event while it reconnects (the kernel
 emits ``NVME_EVENT=connected`` when it is back, nothing when it drops), so
 :class:`ControllerWatch` reads each controller's ``state`` in sysfs every
-:data:`WATCH_PERIOD` seconds (a few tiny reads, no command) and puts a ``controller``
-event on a change: a lost controller shows in status and metrics within a second.
+:data:`WATCH_PERIOD` seconds (one read per controller, of a file it keeps open; no
+command) and puts a ``controller`` event on a change: a lost controller shows in status
+and metrics within a second.
 
 A storm is one batch: :class:`Batcher` waits until the events stop for
 :data:`QUIET` seconds (at most :data:`LONGEST` after the first), so 256 events make
@@ -209,7 +210,7 @@ class UdevFeed:
 
 
 
-def _read(path: Path) -> str | None:
+def _read(path: Path | str) -> str | None:
     try:
         with open(path) as f:
             return f.read(256).strip()
@@ -217,50 +218,85 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def controller_states(sysfs: Path) -> dict[str, str]:
-    """Each NVMe controller's state (``live``, ``connecting``...) from ``<sysfs>/class/nvme``;
-    not discovery controllers'."""
-    states: dict[str, str] = {}
+def _controller_names(sysfs: Path | str) -> set[str]:
     try:
-        names = os.listdir(sysfs / "class" / "nvme")
+        return {n for n in os.listdir(f"{sysfs}/class/nvme")
+                if n.startswith("nvme") and n[4:].isdigit()}
     except OSError:
-        return states
-    for name in names:
-        if not (name.startswith("nvme") and name[4:].isdigit()):
-            continue
-        if _read(sysfs / "class" / "nvme" / name / "subsysnqn") == DISCOVERY_NQN:
-            continue
-        try:
-            with open(sysfs / "class" / "nvme" / name / "state") as f:
-                states[name] = f.read(64).strip()
-        except OSError:
-            continue  # gone meanwhile: its remove event says so
-    return states
+        return set()
 
 
 class ControllerWatch:
     """Puts a ``controller`` :class:`DeviceEvent` on the loop's queue when a controller's
-    state changes (the kernel sends no event when a connection drops)."""
+    state changes (the kernel sends no event when a connection drops).
+
+    A look costs one listing of ``class/nvme`` and one ``pread`` per controller: each
+    controller's ``state`` file is opened once and kept open (sysfs answers a read at
+    offset 0 afresh); its ``subsysnqn`` is read once, when it is first seen. A read that
+    fails is a controller removed, perhaps its name taken by a new one since: the file
+    is closed and the name looked at again as new.
+    """
 
     def __init__(self, events: queue.SimpleQueue[Any], sysfs: Path, *,
                  period: float = WATCH_PERIOD):
         self.events, self.sysfs, self.period = events, sysfs, period
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: controller name -> (its open state file, whether it is a discovery controller)
+        self._open: dict[str, tuple[int, bool]] = {}
+
+    def states(self) -> dict[str, str]:
+        """Each controller's state, discovery controllers left out."""
+        names = _controller_names(self.sysfs)
+        for gone in set(self._open) - names:
+            os.close(self._open.pop(gone)[0])
+        states: dict[str, str] = {}
+        for name in names:
+            for _ in range(2):  # a second time: the name may be a new controller's now
+                entry = self._open.get(name) or self._watch(name)
+                if entry is None:
+                    break
+                fd, discovery = entry
+                try:
+                    state = os.pread(fd, 64, 0)
+                except OSError:
+                    os.close(self._open.pop(name)[0])
+                    continue
+                if not discovery:
+                    states[name] = state.decode(errors="replace").strip()
+                break
+        return states
+
+    def _watch(self, name: str) -> tuple[int, bool] | None:
+        base = f"{self.sysfs}/class/nvme/{name}"
+        try:
+            fd = os.open(f"{base}/state", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None  # gone meanwhile: its remove event says so
+        self._open[name] = (fd, _read(f"{base}/subsysnqn") == DISCOVERY_NQN)
+        return self._open[name]
 
     def check(self, last: dict[str, str]) -> dict[str, str]:
         """One look: an event per controller whose state differs from ``last`` (a new
         or a gone controller has its own udev event)."""
-        now = controller_states(self.sysfs)
+        now = self.states()
         for name, state in sorted(now.items()):
             if name in last and last[name] != state:
                 self.events.put(DeviceEvent("controller", f"state {state}", name))
         return now
 
+    def close(self) -> None:
+        """Close the controllers' state files."""
+        while self._open:
+            os.close(self._open.popitem()[1][0])
+
     def _run(self) -> None:
-        last = controller_states(self.sysfs)
-        while not self._stop.wait(self.period):
-            last = self.check(last)
+        try:
+            last = self.states()
+            while not self._stop.wait(self.period):
+                last = self.check(last)
+        finally:
+            self.close()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="kvagent-ctrl-watch",

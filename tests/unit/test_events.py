@@ -3,7 +3,9 @@ coalesced into one batch, and the loop's schedule."""
 
 from __future__ import annotations
 
+import os
 import queue
+import shutil
 import threading
 from pathlib import Path
 
@@ -166,7 +168,7 @@ def test_device_events_without_initiator_pools_only_collect(
 
 def test_the_watch_sees_a_controller_lose_its_connection(tmp_path: Path) -> None:
     """The kernel sends no uevent when a connection drops: the watch reads the states."""
-    from agent.events import ControllerWatch, controller_states
+    from agent.events import ControllerWatch
 
     base = tmp_path / "class" / "nvme"
     for name, state in (("nvme0", "live"), ("nvme1", "live")):
@@ -178,7 +180,7 @@ def test_the_watch_sees_a_controller_lose_its_connection(tmp_path: Path) -> None
     (base / "nvme9" / "state").write_text("live\n")
     events: queue.SimpleQueue = queue.SimpleQueue()
     watch = ControllerWatch(events, tmp_path)
-    last = controller_states(tmp_path)
+    last = watch.states()
     assert last == {"nvme0": "live", "nvme1": "live"}
     assert watch.check(last) == last and events.empty()  # nothing changed: no event
     (base / "nvme1" / "state").write_text("connecting\n")
@@ -190,6 +192,65 @@ def test_the_watch_sees_a_controller_lose_its_connection(tmp_path: Path) -> None
     (base / "nvme1" / "state").write_text("live\n")
     watch.check(last)
     assert events.get_nowait() == DeviceEvent("controller", "state live", "nvme1")
+    watch.close()
+
+
+def test_the_watch_keeps_each_state_file_open(tmp_path: Path, monkeypatch) -> None:
+    """A look is one pread per controller: no open, no subsysnqn read, after the first."""
+    import agent.events
+    from agent.events import ControllerWatch
+
+    base = tmp_path / "class" / "nvme"
+    for i in range(3):
+        (base / f"nvme{i}").mkdir(parents=True)
+        (base / f"nvme{i}" / "state").write_text("live\n")
+    watch = ControllerWatch(queue.SimpleQueue(), tmp_path)
+    assert watch.states() == {f"nvme{i}": "live" for i in range(3)}
+    opened: list[str] = []
+    real_open = os.open
+    monkeypatch.setattr(agent.events.os, "open",
+                        lambda path, *a, **k: opened.append(path) or real_open(path, *a, **k))
+    (base / "nvme1" / "state").write_text("connecting\n")
+    assert watch.states() == {"nvme0": "live", "nvme1": "connecting", "nvme2": "live"}
+    assert opened == []
+    shutil.rmtree(base / "nvme2")  # removed: its file is closed
+    assert watch.states() == {"nvme0": "live", "nvme1": "connecting"}
+    assert set(watch._open) == {"nvme0", "nvme1"}
+    watch.close()
+
+
+def test_a_name_taken_by_a_new_controller_is_looked_at_again(tmp_path: Path,
+                                                            monkeypatch) -> None:
+    """sysfs fails a read of a removed controller's file (ENODEV): when its name is a new
+    controller's by the next look, the new one's files are opened (here the name goes
+    from a discovery controller, not watched, to a pool's, watched)."""
+    import errno
+
+    import agent.events
+    from agent.events import ControllerWatch
+
+    ctrl = tmp_path / "class" / "nvme" / "nvme4"
+    ctrl.mkdir(parents=True)
+    (ctrl / "subsysnqn").write_text("nqn.2014-08.org.nvmexpress.discovery\n")
+    (ctrl / "state").write_text("live\n")
+    watch = ControllerWatch(queue.SimpleQueue(), tmp_path)
+    assert watch.states() == {}
+    stale = watch._open["nvme4"][0]
+    (ctrl / "state").unlink()
+    (ctrl / "subsysnqn").write_text("nqn.2026-11.io.kvagent:pool\n")
+    (ctrl / "state").write_text("connecting\n")
+    real_pread, failed = os.pread, []
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        if fd == stale and not failed:  # (the new file may get the same fd number)
+            failed.append(fd)
+            raise OSError(errno.ENODEV, "No such device")
+        return real_pread(fd, n, offset)
+
+    monkeypatch.setattr(agent.events.os, "pread", pread)
+    assert watch.states() == {"nvme4": "connecting"}
+    assert failed == [stale]
+    watch.close()
 
 
 @pytest.mark.parametrize(("events", "dropped", "expected"), [

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ from typing import Any
 from .errors import KvagentError
 from .lock import LockHolder
 from .rundir import RunDirError, open_private_file, private_dir, process_alive, process_start_time
-from .state import write_json
 
 DAEMON_RECORD = "daemon.json"
 BUSY_RECORD = "apply-busy.json"
@@ -59,6 +57,8 @@ def _read(run_dir: str | os.PathLike[str], name: str) -> Any:
 
 
 def _write(run_dir: str | os.PathLike[str], name: str, data: Any) -> None:
+    from .state import write_json  # (its effects seam: not for a command that only reads)
+
     with private_dir(run_dir):
         write_json(Path(run_dir) / name, data)  # mkstemp: 0600, then an atomic rename
 
@@ -176,6 +176,8 @@ class ApplyRequest:
 def new_request(run_dir: str | os.PathLike[str], *, wait: bool,
                 rebind: tuple[str, ...] = ()) -> str:
     """Write a request (before signalling the daemon) and return its id."""
+    import secrets
+
     request_id = secrets.token_hex(8)
     _write(run_dir, REQUEST_PREFIX + request_id,
            {"id": request_id, "pid": os.getpid(), "wait": wait, "rebind": list(rebind),

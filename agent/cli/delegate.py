@@ -15,14 +15,17 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ..config import Config
 from ..daemonfiles import DaemonInfo, live_daemon, new_request, wait_result
 from ..errors import EXIT_USAGE, KvagentError, UsageError
-from ..result import RunResult
 from ..rundir import RunDirError
+
+if TYPE_CHECKING:
+    from ..result import RunResult
 
 #: How long ``kvagent apply`` waits for the agent's pass (its first pass may need long).
 DELEGATE_TIMEOUT = 900.0
@@ -90,4 +93,6 @@ def delegate_apply(cfg: Config, config_file: Path, *, wait: bool,
         exc = KvagentError(str(error.get("message")), error.get("hint"))
         exc.exit_code = int(error.get("exit_code") or 1)
         raise exc
+    from ..result import RunResult
+
     return RunResult.from_json(answer["result"])

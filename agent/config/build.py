@@ -173,39 +173,36 @@ class Builder:
         if not isinstance(value, dict):
             self.problem(path, f"must be a mapping, got {_describe(value)}")
             raise _Invalid
-        hints = _hints(cls)
-        fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-        aliases = {f.metadata["alias"]: f.name for f in fields.values() if f.metadata.get("alias")}
-        known = set(fields) | set(aliases)
+        plan = _plan(cls)
         kwargs: dict[str, Any] = {}
         failed = False
         for key in value:
-            if key not in known:
-                hint = difflib.get_close_matches(str(key), sorted(known), n=1)
+            if key not in plan.known:
+                hint = difflib.get_close_matches(str(key), sorted(plan.known), n=1)
                 suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
                 self.problem(
                     (*path, key),
-                    f"unknown key {key!r}{suggestion} (allowed: {', '.join(sorted(fields))})",
+                    f"unknown key {key!r}{suggestion} (allowed: {', '.join(sorted(plan.fields))})",
                 )
                 failed = True
-        for alias, name in aliases.items():
+        for alias, name in plan.aliases.items():
             if alias in value and name in value:
                 self.problem((*path, alias), f"give either {alias!r} or {name!r}, not both")
                 failed = True
-        for name, f in fields.items():
-            key = name if name in value else next((a for a, n in aliases.items() if n == name
-                                                   and a in value), None)
+        for name in plan.fields:
+            key = name if name in value else next((a for a, n in plan.aliases.items()
+                                                   if n == name and a in value), None)
             if key is None:
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                if name in plan.required:
                     self.problem((*path, name), "is required")
                     failed = True
                 continue
             raw = value[key]
-            hint = hints[name]
             if key != name:  # an alias holding a single item of a list field
                 raw = [raw]
             try:
-                kwargs[name] = self._convert(hint, raw, (*path, key), dict(f.metadata))
+                kwargs[name] = self._convert(plan.hints[name], raw, (*path, key),
+                                             plan.meta[name])
             except _Invalid:
                 failed = True
         if failed:
@@ -232,6 +229,35 @@ def _describe(value: Any) -> str:
 
 
 _HINTS_CACHE: dict[type, dict[str, Any]] = {}
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What building a dataclass needs to know of it, worked out once per class."""
+
+    fields: dict[str, dataclasses.Field[Any]]  # the init fields by name
+    aliases: dict[str, str]  # alias -> field name
+    known: frozenset[str]  # keys a mapping may have
+    required: frozenset[str]  # fields without a default
+    hints: dict[str, Any]
+    meta: dict[str, dict[str, Any]]  # each field's metadata
+
+
+_PLANS: dict[type, _Plan] = {}
+
+
+def _plan(cls: type) -> _Plan:
+    plan = _PLANS.get(cls)
+    if plan is None:
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+        aliases = {f.metadata["alias"]: f.name for f in fields.values()
+                   if f.metadata.get("alias")}
+        plan = _PLANS[cls] = _Plan(
+            fields, aliases, frozenset(fields) | frozenset(aliases),
+            frozenset(n for n, f in fields.items() if f.default is dataclasses.MISSING
+                      and f.default_factory is dataclasses.MISSING),
+            _hints(cls), {n: dict(f.metadata) for n, f in fields.items()})
+    return plan
 
 
 def _hints(cls: type) -> dict[str, Any]:

@@ -14,10 +14,8 @@ from typing import Literal
 
 from nvmet.nqn import NQN_MAX_BYTES
 
-from ..dhchap import secret_file_problem
 from ..errors import KvagentError
 from ..naming import subsystem_nqn
-from ..tlspsk import read_psk
 from .build import doc_field, duplicates
 from .types import (
     NQN,
@@ -162,6 +160,8 @@ DhchapGroup = Literal["null", "ffdhe2048", "ffdhe3072", "ffdhe4096", "ffdhe6144"
 
 
 def _secret_files(**paths: str | None) -> Check:
+    from ..dhchap import secret_file_problem  # (its hashing: only with a secret to check)
+
     for name, path in paths.items():
         problem = secret_file_problem(path) if path is not None else None
         if problem is not None:
@@ -190,6 +190,8 @@ class HostAuth:
 
 
 def _psk_file(path: str) -> Check:
+    from ..tlspsk import read_psk
+
     try:
         read_psk(path)
     except KvagentError as exc:

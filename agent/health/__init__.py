@@ -11,20 +11,36 @@
 - :mod:`.smart`: local drives' smart-log, normalised across nvme-cli versions
 """
 
-from .snapshot import (
-    ApplySummary,
-    ControllerHealth,
-    DriveHealth,
-    EngineUsage,
-    InitiatorSide,
-    LoopCounters,
-    PathAna,
-    PoolHealth,
-    Snapshot,
-    TargetSide,
-    exit_code,
-    overall_state,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .snapshot import (
+        ApplySummary,
+        ControllerHealth,
+        DriveHealth,
+        EngineUsage,
+        InitiatorSide,
+        LoopCounters,
+        PathAna,
+        PoolHealth,
+        Snapshot,
+        TargetSide,
+        exit_code,
+        overall_state,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """The snapshot's names, imported at first use (``kvagent status`` answered by the
+    agent renders a document and needs none of them)."""
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import snapshot
+
+    value = getattr(snapshot, name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ApplySummary",

@@ -9,23 +9,21 @@ from __future__ import annotations
 import json
 import os
 from datetime import datetime, timezone
-from importlib import resources
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .. import __version__
 from ..lock import LockHolder
 from ..text import table
-from .snapshot import (
-    ApplyBusy,
-    ControllerHealth,
-    DriveHealth,
-    EngineUsage,
-    PoolHealth,
-    Snapshot,
-    exit_code,
-    host_problems,
-    overall_state,
-)
+
+if TYPE_CHECKING:  # (rendering a document the agent sent needs none of them)
+    from .snapshot import (
+        ApplyBusy,
+        ControllerHealth,
+        DriveHealth,
+        EngineUsage,
+        PoolHealth,
+        Snapshot,
+    )
 
 STATUS_FORMAT = 1
 SCHEMA_RESOURCE = "status.schema.json"
@@ -36,6 +34,8 @@ Source = Literal["agent", "live"]
 
 def load_status_schema() -> dict[str, Any]:
     """The JSON Schema of :func:`to_status_json`'s output (shipped as package data)."""
+    from importlib import resources
+
     text = (resources.files("agent") / "schemas" / SCHEMA_RESOURCE).read_text("utf-8")
     return json.loads(text)
 
@@ -123,6 +123,8 @@ def to_status_json(snapshot: Snapshot, *, source: Source = "live", pid: int | No
 
     ``source``, ``pid`` (default: this process) and ``age_seconds`` say who collected it
     and how long ago (``collected``)."""
+    from .snapshot import exit_code, host_problems, overall_state
+
     apply = snapshot.last_apply
     return {
         "format": STATUS_FORMAT,

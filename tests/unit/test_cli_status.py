@@ -225,13 +225,16 @@ def test_a_peer_that_is_not_root(config: Path) -> None:
 
 
 def test_the_cli_status_path_imports_no_collector() -> None:
-    """Asking the agent imports what every command imports and the status client, not
-    the collector, the daemon or prometheus_client (a live read imports them when it
-    runs)."""
+    """Asking the agent imports what every command imports, the config model (it checks
+    the config) and the status client; not the collector, the daemon, prometheus_client,
+    the snapshot's classes (the agent sends a document), nvmet's planner or the effects
+    seam (a live read imports what it uses when it runs)."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "gpu-host.yaml"
     code = ("import sys\n"
             "import agent.cli.main, agent.config\n"
             "before = set(sys.modules)\n"
             "import agent.cli.status_cmd\n"
+            f"agent.config.load_config({str(example)!r})\n"
             "print('\\n'.join(sorted(set(sys.modules) - before)))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
@@ -239,6 +242,9 @@ def test_the_cli_status_path_imports_no_collector() -> None:
     assert "agent.health.statusclient" in added
     heavy = ("agent.health.collect", "agent.daemon", "agent.reconcile", "agent.target",
              "agent.initiator", "agent.engines", "agent.system", "prometheus_client",
-             "agent.health.metrics", "agent.health.server", "agent.health.statussock")
+             "agent.health.metrics", "agent.health.server", "agent.health.statussock",
+             "agent.health.snapshot", "nvmet.planner", "nvmet.applier", "nvmet.reader",
+             "agent.effects", "agent.state", "agent.dhchap", "agent.result", "tempfile")
+    assert "agent.config.model" in added
     assert [m for m in added if m in heavy or m.startswith(tuple(f"{h}." for h in heavy))] \
         == []

@@ -23,6 +23,8 @@ from .context import StageContext
 from .tlskeys import ensure_psk
 
 log = get_logger("initiator")
+#: The host-wide warnings this process has given (the agent's passes repeat them not).
+_WARNED: set[str] = set()
 
 
 def pool_paths(ctx: StageContext, pool: InitiatorPool, hostnqn: str,
@@ -42,7 +44,8 @@ def pool_paths(ctx: StageContext, pool: InitiatorPool, hostnqn: str,
     thp = thp_mode()
     for a in paths:
         warning = loopback_tcp_warning(a.address.transport, a.address.traddr, thp)
-        if warning:
+        if warning and warning not in _WARNED:  # once a process, not each pool each pass
+            _WARNED.add(warning)
             log.warning(warning, pool=pool.name)
     return paths
 

@@ -2,7 +2,10 @@
 
 A full reconcile pass at start, then on ``health.full_interval`` (the bound on
 noticing what has no events: a hand-made change in configfs, a dropped netlink event);
-a collect on ``health.interval``; a pass that failed is tried again after
+a collect on ``health.interval`` (of what has no events: mounts, usage, drives; the
+topology, nvmet's objects, controllers and namespaces, is read afresh after every pass,
+on every device event and at least every ``health.full_interval``:
+:mod:`agent.health.collect`); a pass that failed is tried again after
 ``health.interval``. Between them, events drive the work (:mod:`agent.events`): udev
 events for NVMe controllers and namespaces make a collect at once and, with initiator
 pools, an attach pass over them (never a detach; a storm is one batch); a watch of the
@@ -48,7 +51,7 @@ from .config import Config, ConfigError, load_config
 from .errors import KvagentError
 from .events import Batch, Batcher, ControllerWatch, DeviceEvent, UdevFeed
 from .health import notify
-from .health.collect import collect
+from .health.collect import Topology, collect, read_topology
 from .health.metrics import write_textfile
 from .health.server import HealthServer, SnapshotStore
 from .health.snapshot import ApplyBusy, ApplySummary, LoopCounters, Snapshot, overall_state
@@ -126,6 +129,10 @@ class Agent:
         self.busy: ApplyBusy | None = None
         #: The run directory this agent registered in (moves when a reload changes it).
         self.run_dir = str(cfg.node.run_dir)
+        #: What the last fresh collect read of the host (agent.health.collect.Topology) and
+        #: when: the periodic collects in between reuse it.
+        self.topology: Topology | None = None
+        self.topology_at = 0.0
 
     # ----------------------------------------------------------------- signals
     def install_signals(self) -> None:
@@ -246,11 +253,23 @@ class Agent:
         self.counters = dataclasses.replace(self.counters, apply_busy_passes=0)
         daemonfiles.clear_busy(self.run_dir)
 
-    def collect(self) -> Snapshot:
-        """Collect a snapshot, store it, write the textfile, report STATUS= to systemd."""
+    def collect(self, *, fresh: bool = True) -> Snapshot:
+        """Collect a snapshot, store it, write the textfile, report STATUS= to systemd.
+
+        ``fresh``: read the host's topology now (after a pass, on a device event); the
+        periodic collect (not fresh) reuses the last one, read at most
+        ``health.full_interval`` ago, and reads only what has no events (mounts, usage,
+        drives)."""
         try:
+            topology = self.topology
+            if fresh or topology is None or (
+                    self.clock() - self.topology_at >= self.cfg.health.full_interval):
+                self.topology = None  # (a failed read is not reused)
+                topology = read_topology(self.cfg)
+                self.topology, self.topology_at = topology, self.clock()
             snap = collect(self.cfg, self.runner, last_apply=self.last_apply,
-                           counters=self.counters, config_error=self.config_error)
+                           counters=self.counters, config_error=self.config_error,
+                           topology=topology)
         except Exception as exc:  # the loop must survive a collector bug
             log.error("health collect failed", error=f"{type(exc).__name__}: {exc}")
             previous = self.store.get()
@@ -298,6 +317,7 @@ class Agent:
             return None
         old_listen = self.cfg.health.listen
         self.cfg = new
+        self.topology = None  # (read for the old config)
         self.config_error = None
         self.counters = dataclasses.replace(self.counters,
                                             config_reloads=self.counters.config_reloads + 1)
@@ -454,7 +474,7 @@ class Agent:
                 outcome = self.reconcile()
                 schedule.passed(self.clock(), self.cfg, full=True, ok=_ok(outcome))
             elif now >= schedule.collect:
-                self.collect()
+                self.collect(fresh=False)
                 schedule.collected(self.clock(), self.cfg)
             else:  # woke up for the watchdog only: keep /healthz fresh
                 snap = self.store.get()

@@ -4,6 +4,15 @@ Collecting reads configfs and sysfs and runs ``nvme smart-log`` on local
 drives (bounded by timeouts); it changes nothing. ``kvagent status`` calls it
 directly; ``kvagent run`` calls it from its loop and the HTTP endpoints only
 read the stored result.
+
+What a collect reads splits in two. The :class:`Topology` (nvmet's objects, the
+controllers, each pool's namespaces and paths, kvagent's records) changes only with
+something the agent hears of (a udev event, an AEN, a controller's state: see
+:mod:`agent.events`), with the agent's own passes, or by hand in configfs, which has no
+events; the rest (mounts, a shut-down filesystem, the engines' usage, drives, the last
+apply) has no events at all. The agent reads the topology afresh on every event, after
+every pass and at least every ``health.full_interval``, and in between its collects read
+only the rest (:func:`collect` with ``topology``).
 """
 
 from __future__ import annotations
@@ -11,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nvmet
@@ -20,7 +30,7 @@ from nvmet.errors import NvmetError
 from ..config.model import Config, InitiatorPool, TargetPool
 from ..errors import KvagentError
 from ..initiator.mounts import MOUNTINFO, MountEntry, read_mounts
-from ..initiator.sysfs import Controller, Sysfs
+from ..initiator.sysfs import Controller, NamespaceHead, Sysfs
 from ..initiator.xfsmount import is_shut_down
 from ..log import get_logger
 from ..records import (
@@ -54,31 +64,61 @@ NVMET_DEBUGFS = Path("/sys/kernel/debug/nvmet")
 HEALTH_SPEC = nvmet.ReadSpec(namespaces=frozenset({"enable"}))
 
 
+@dataclass(frozen=True)
+class Topology:
+    """What a collect reads that changes only with an event, a pass of the agent, or by
+    hand in configfs (see the module's docstring): the target pools' health, the
+    initiator records, the controllers, each recorded subsystem's namespaces (by NQN)
+    and I/O policy, each pool's probe summary."""
+
+    target: tuple[PoolHealth, ...] = ()
+    state: Mapping[str, PoolAttachment] = field(default_factory=dict)
+    controllers: tuple[Controller, ...] = ()
+    heads: Mapping[str, Mapping[int, NamespaceHead]] = field(default_factory=dict)
+    policies: Mapping[str, str | None] = field(default_factory=dict)
+    probes: Mapping[str, dict[str, bool] | None] = field(default_factory=dict)
+
+
+def read_topology(cfg: Config, *, fs: nvmet.ConfigFS | None = None,
+                  sysfs: Sysfs | None = None) -> Topology:
+    """The host's :class:`Topology`, read now."""
+    sysfs = sysfs or Sysfs(cfg.node.sysfs)
+    target = (tuple(_target_pools(cfg, fs)) if cfg.target is not None and cfg.target.pools
+              else ())
+    if cfg.initiator is None:
+        return Topology(target)
+    state = _safe_initiator_state(cfg)
+    nqns = {s.subsysnqn for r in state.values() for s in r.subsystems}
+    return Topology(
+        target, state, tuple(sysfs.controllers()) if state else (),
+        {nqn: sysfs.subsystem_namespaces(nqn) for nqn in nqns},
+        {sub.nqn: sub.iopolicy for nqn in nqns for sub in sysfs.subsystems_of(nqn)},
+        {p.name: _probe_summary(cfg, p.name) for p in cfg.initiator.pools})
+
+
 def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
             sysfs: Sysfs | None = None, last_apply: ApplySummary | None = None,
             counters: LoopCounters | None = None, config_error: str | None = None,
             drives: bool = True, quota: QuotaOps | None = None,
             mountinfo: Path = MOUNTINFO,
-            shut_down: Callable[[str], bool] = is_shut_down) -> Snapshot:
+            shut_down: Callable[[str], bool] = is_shut_down,
+            topology: Topology | None = None) -> Snapshot:
     """A snapshot of every pool of this host, its controllers and its local drives.
 
-    ``quota``, ``mountinfo`` and ``shut_down`` (whether a mounted xfs shut down) are
-    seams for tests: engines' usage comes from xfs project quotas where the mount table
-    shows them on."""
-    sysfs = sysfs or Sysfs(cfg.node.sysfs)
+    ``topology``: the one read last (:func:`read_topology`), when nothing the agent hears
+    of has happened since; read now when None. ``quota``, ``mountinfo`` and
+    ``shut_down`` (whether a mounted xfs shut down) are seams for tests: engines' usage
+    comes from xfs project quotas where the mount table shows them on."""
+    topo = topology if topology is not None else read_topology(cfg, fs=fs, sysfs=sysfs)
     quota = quota or XfsQuota()
-    pools: list[PoolHealth] = []
+    pools: list[PoolHealth] = list(topo.target)
     controllers: list[ControllerHealth] = []
-    if cfg.target is not None and cfg.target.pools:
-        pools += _target_pools(cfg, fs)
     if cfg.initiator is not None:
-        state = _safe_initiator_state(cfg)
-        # Read once per collect for every pool: the controllers, the mount table.
-        every = sysfs.controllers() if state else []
-        table = _mount_table(mountinfo) if state else {}
+        # Read once per collect for every pool: the mount table.
+        table = _mount_table(mountinfo) if topo.state else {}
         for pool in cfg.initiator.pools:
-            health, ctrls = _initiator_pool(cfg, pool, state.get(pool.name), sysfs, quota,
-                                            mountinfo, shut_down, every, table)
+            health, ctrls = _initiator_pool(cfg, pool, topo.state.get(pool.name), topo,
+                                            quota, shut_down, table)
             pools.append(health)
             controllers += ctrls
     found_drives = ()
@@ -232,13 +272,12 @@ def _mount_table(mountinfo: Path = MOUNTINFO) -> dict[str, MountEntry]:
 
 
 def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | None,
-                    sysfs: Sysfs, quota: QuotaOps, mountinfo: Path = MOUNTINFO,
+                    topo: Topology, quota: QuotaOps,
                     shut_down: Callable[[str], bool] = is_shut_down,
-                    every: list[Controller] | None = None,
                     table: dict[str, MountEntry] | None = None,
                     ) -> tuple[PoolHealth, list[ControllerHealth]]:
-    """``every``: the host's controllers, ``table``: its mount points (read here when not
-    given); the pool's namespaces are read from its own subsystems only."""
+    """``topo``: the host's controllers and the pool's subsystems' namespaces; ``table``:
+    its mount points (read here when not given)."""
     if record is None:
         side = InitiatorSide(controllers_expected=len(pool.targets), controllers_live=0,
                              namespaces_expected=0, namespaces_found=0, mount_path=pool.mount)
@@ -247,10 +286,10 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
                           initiator=side), []
     hostnqn = record.hostnqn
     subs = {s.subsysnqn: s for s in record.subsystems}
-    heads = {ns.name: ns for nqn in subs for ns in sysfs.subsystem_namespaces(nqn).values()}
-    policies = {sub.nqn: sub.iopolicy for nqn in subs for sub in sysfs.subsystems_of(nqn)}
+    heads = {ns.name: ns for nqn in subs for ns in topo.heads.get(nqn, {}).values()}
+    policies = topo.policies
     ctrls: list[ControllerHealth] = []
-    for c in sysfs.controllers() if every is None else every:
+    for c in topo.controllers:
         if c.subsysnqn not in subs or c.hostnqn != hostnqn:
             continue
         paths = tuple(PathAna(p.name, p.ana_state or "unknown", h.nsid)
@@ -264,7 +303,7 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
     found = sum(1 for d in devices if d.uuid.lower() in uuids)
     mounts = record.mounts
     if table is None:
-        table = _mount_table(mountinfo)
+        table = _mount_table()
     entries = {m: table.get(os.path.normpath(m)) for m in mounts}
     mounted = [m for m in mounts if entries[m] is not None]
     dead = _shut_down(mounted, shut_down)
@@ -304,7 +343,7 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
                         f"{', '.join(dead)}; kvagent mounts it again once a controller of "
                         "the pool is live and nothing holds it")
     problems += engine_problems
-    probe = _probe_summary(cfg, pool.name)
+    probe = topo.probes.get(pool.name)
     if probe and not probe["odirect"]:
         problems.append("O_DIRECT probe failed (engines use their buffered fallback)")
     # A controller that is reconnecting keeps the mount (I/O waits): degraded, not failed.

@@ -356,3 +356,32 @@ def test_every_pass_keeps_the_discovery_controllers(tmp_path: Path,
 
     monkeypatch.setattr(DiscoveryControllers, "sync", broken)
     assert agent.reconcile().ok  # type: ignore[union-attr]
+
+
+def test_the_periodic_collect_reads_no_topology_between_events(tmp_path: Path,
+                                                             monkeypatch) -> None:
+    """Controllers, namespaces and nvmet change only with an event, a pass or by hand (in
+    configfs: bounded by health.full_interval): the periodic collect reuses the topology
+    the last fresh collect read, and reads it again once it is full_interval old."""
+    from agent import daemon
+
+    config = tmp_path / "kvagent.yaml"
+    write_config(config, tmp_path, free_port(), interval="30s", full_interval="5m")
+    now = [1000.0]
+    loop = Agent(str(config), load_config(config), runner=FakeRunner(),
+                  notifier=Notifier(env={}), clock=lambda: now[0])
+    reads: list[float] = []
+    real = daemon.read_topology
+    monkeypatch.setattr(daemon, "read_topology",
+                        lambda cfg: (reads.append(now[0]), real(cfg))[1])
+    loop.collect()  # after a pass, on an event: fresh
+    for _ in range(9):  # 9 intervals of 30 s: the topology is 270 s old
+        now[0] += 30
+        loop.collect(fresh=False)
+    assert reads == [1000.0]
+    loop.collect()  # a device event
+    assert reads == [1000.0, 1270.0]
+    now[0] += 300
+    loop.collect(fresh=False)
+    assert reads == [1000.0, 1270.0, 1570.0]
+    assert loop.store.get() is not None

@@ -10,7 +10,7 @@ import jsonschema
 
 from agent.config import parse_config
 from agent.fabrics import FabricsAddress
-from agent.health.collect import _initiator_pool
+from agent.health.collect import Topology, _initiator_pool
 from agent.health.status import load_status_schema, render_status_text, to_status_json
 from agent.initiator.sysfs import Sysfs
 from agent.records import PoolAttachment, SubsystemPath
@@ -58,7 +58,9 @@ initiator:
     record = PoolAttachment(HOST, "per-namespace", False,
                             subsystems=[SubsystemPath(nqn, FabricsAddress("tcp", "10.0.0.1",
                                                                           "4420"))])
-    _, ctrls = _initiator_pool(cfg, cfg.initiator.pools[0], record, Sysfs(tmp_path / "sys"),
-                               XfsQuota())
+    sysfs = Sysfs(tmp_path / "sys")
+    topo = Topology(state={"kv": record}, controllers=tuple(sysfs.controllers()),
+                    policies={s.nqn: s.iopolicy for s in sysfs.subsystems_of(nqn)})
+    _, ctrls = _initiator_pool(cfg, cfg.initiator.pools[0], record, topo, XfsQuota())
     assert [(c.name, c.iopolicy) for c in ctrls] == [("nvme1", "round-robin"),
                                                     ("nvme2", "round-robin")]

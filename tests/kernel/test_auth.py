@@ -296,8 +296,10 @@ def refused_connect(lab: Lab, nqn: str, secret: str | None, tries: int = 3) -> C
     cli = NvmeCli()
     for attempt in range(1, tries + 1):
         try:
-            cli.connect("tcp", "127.0.0.1", 4420, nqn, hostnqn=lab.hostnqn,
-                        options=FabricsOptions(ctrl_loss_tmo=None, dhchap_secret=secret))
+            cli.add_controller("tcp", "127.0.0.1", 4420, nqn, hostnqn=lab.hostnqn,
+                               options=FabricsOptions(ctrl_loss_tmo=None,
+                                                      dhchap_secret=secret),
+                               duplicate=False)
         except ConnectError as exc:
             # After a timeout the kernel's connect still runs until its own timeout.
             kit.wait_for(lambda: not kit.controllers_for(nqn), 90,

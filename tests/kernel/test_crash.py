@@ -332,7 +332,8 @@ def quotas_on(pool: InitiatorPool) -> bool:
 def gpu_minimum(cfg: Config) -> Minimum:
     """A cold attach of the GPU side (the storage side already exported), at least:
 
-    - per pool: an nvme connect (a command; one per pool at least);
+    - per pool: a connect (the /dev/nvme-fabrics writer, a command; one per pool at
+      least);
     - per filesystem: its mkfs.xfs and its mount (commands);
     - per striped pool: a vgcreate and an lvcreate over its namespaces;
     - per engine on each filesystem with project quotas: its directory put in its

@@ -7,7 +7,7 @@
 - :mod:`.failures`: why a connect or discover failed (typed errors from nvme-cli's text
   and the kernel's lines), and the fabrics command run that raises them;
 - :mod:`.kmsg`: the kernel log lines a fabrics command made;
-- :mod:`.controllers`: ``nvme connect``, a further controller through
+- :mod:`.controllers`: a controller (a first or a further one) through
   ``/dev/nvme-fabrics``, ``nvme disconnect``;
 - :mod:`.listing`: ``nvme list-subsys``, ``nvme list``, ``nvme list-ns``;
 - :mod:`.cli`: :class:`~.cli.NvmeCli`, all of them as one object over a runner (what the

@@ -75,18 +75,6 @@ class NvmeCli:
                                   hostid=hostid, host_traddr=host_traddr,
                                   host_iface=host_iface, tls=tls, device=device)
 
-    def connect(self, transport: str, traddr: str, trsvcid: str | int, subsysnqn: str, *,
-                hostnqn: str | None = None, hostid: str | None = None,
-                host_iface: str | None = None, host_traddr: str | None = None,
-                options: FabricsOptions | None = None,
-                duplicate: bool = False) -> str | None:
-        """:func:`.controllers.connect` within the connect timeout."""
-        return controllers.connect(self.run, self.kernel_log, transport, traddr, trsvcid,
-                                   subsysnqn, timeout=self.connect_timeout, hostnqn=hostnqn,
-                                   hostid=hostid, host_iface=host_iface,
-                                   host_traddr=host_traddr, options=options,
-                                   duplicate=duplicate)
-
     def add_controller(self, transport: str, traddr: str, trsvcid: str | int, subsysnqn: str,
                        *, hostnqn: str, hostid: str | None = None,
                        host_iface: str | None = None, host_traddr: str | None = None,

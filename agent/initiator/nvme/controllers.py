@@ -1,5 +1,5 @@
-"""Controllers made and removed: ``nvme connect``, a further controller to a connected
-subsystem and port through ``/dev/nvme-fabrics``, ``nvme disconnect``.
+"""Controllers made and removed: a controller through ``/dev/nvme-fabrics`` (a first one,
+or a further one to a connected subsystem and port), ``nvme disconnect``.
 
 Each refuses values that would add options to the kernel's connect request
 (:func:`~.options.check_fabrics_values`) and raises a typed
@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 from ...log import get_logger
 from ...system.run import CommandResult, Runner
-from .failures import TransientConnectError, classify_connect_failure, run_fabrics
+from .failures import TransientConnectError, classify_connect_failure, timeout_hint
 from .kmsg import KernelLogReader
-from .options import FABRICS_DEV, FabricsOptions, check_fabrics_values, host_args
-from .output import NVME, NvmeCliError, extract_json, get, text_of
+from .options import FABRICS_DEV, FabricsOptions, check_fabrics_values
+from .output import NVME, NvmeCliError
 
 # The log channel of nvme-cli's wrapper (its events are named as before the split).
 log = get_logger("initiator.nvmecli")
@@ -30,49 +30,10 @@ log = get_logger("initiator.nvmecli")
 CONNECT_TIMEOUT = 45.0
 
 
-def parse_connect(text: str) -> str | None:
-    """The controller name ``nvme connect -o json`` printed (``{"device": "nvme2"}``)."""
-    if not text.strip():
-        return None
-    try:
-        data = extract_json(text)
-    except NvmeCliError:
-        return None
-    return text_of(get(data, "device"))
-
-
 def parse_disconnect(text: str) -> int | None:
     """How many controllers ``nvme disconnect -n`` says it disconnected."""
     m = re.search(r"disconnected\s+(\d+)\s+controller", text)
     return int(m.group(1)) if m else None
-
-
-def connect(run: Runner, kernel_log: KernelLogReader, transport: str, traddr: str,
-            trsvcid: str | int, subsysnqn: str, *, timeout: float = CONNECT_TIMEOUT,
-            hostnqn: str | None = None, hostid: str | None = None,
-            host_iface: str | None = None, host_traddr: str | None = None,
-            options: FabricsOptions | None = None, duplicate: bool = False) -> str | None:
-    """``nvme connect``; returns the new controller's name when nvme-cli reports it.
-
-    Raises a :class:`ConnectError` subclass on failure (see
-    :func:`classify_connect_failure`). ``duplicate`` passes
-    ``--duplicate-connect`` (needed for a second host identity on the same port);
-    ``timeout``: what nvme-cli may take.
-    """
-    opts = options or FabricsOptions()
-    check_fabrics_values(transport=transport, traddr=traddr, trsvcid=trsvcid,
-                         nqn=subsysnqn, hostnqn=hostnqn, hostid=hostid,
-                         host_iface=host_iface, host_traddr=host_traddr,
-                         dhchap_secret=opts.dhchap_secret,
-                         dhchap_ctrl_secret=opts.dhchap_ctrl_secret)
-    argv = [NVME, "connect", "--transport", transport, "--traddr", traddr,
-            "--trsvcid", str(trsvcid), "--nqn", subsysnqn,
-            *host_args(hostnqn, hostid), *opts.argv(host_iface, host_traddr)]
-    if duplicate:
-        argv.append("--duplicate-connect")
-    argv += ["--output-format", "json"]
-    result = run_fabrics(run, kernel_log, argv, "connect", timeout)
-    return parse_connect(result.stdout)
 
 
 def add_controller(write: Callable[[str, float], str], kernel_log: KernelLogReader,
@@ -115,8 +76,8 @@ def add_controller(write: Callable[[str, float], str], kernel_log: KernelLogRead
         kernel_log.since(mark)
         raise TransientConnectError(
             f"{FABRICS_DEV} connect timed out after {limit:g}s",
-            "the target did not answer; a controller secret that differs from the "
-            "storage host's makes the kernel wait instead of failing") from None
+            timeout_hint(dhchap=opts.dhchap_secret is not None,
+                         dhchap_ctrl=opts.dhchap_ctrl_secret is not None)) from None
     except OSError as exc:
         kernel = kernel_log.since(mark)
         result = CommandResult(argv, 1, "", f"Failed to write to {FABRICS_DEV}: "

@@ -203,27 +203,34 @@ def _hint(status: int | None, err: int | None) -> str:
     }.get(err or -1, "see dmesg for the kernel's reason")
 
 
+def timeout_hint(*, dhchap: bool = False, dhchap_ctrl: bool = False) -> str:
+    """Why a connect may time out: the target not answering, or a DH-HMAC-CHAP secret
+    the storage host does not have (``dhchap``: the host's, ``dhchap_ctrl``: the
+    controller's was given)."""
+    hint = "the target did not answer; it may be starting"
+    if dhchap_ctrl:
+        return hint + (" (or the controller secret, auth.ctrl_key_file, differs from the "
+                       "storage host's: the kernel then waits instead of failing)")
+    if dhchap:
+        # A rejected secret whose verdict the host did not read before the target
+        # dropped the connection: the kernel waits for its admin timeout (60 s)
+        # instead of failing (seen on 6.12 under load).
+        return hint + (" (or DH-HMAC-CHAP failed and the target dropped the connection "
+                       "before the host read why: " + _hint(None, errno.EKEYREJECTED) + ")")
+    return hint
+
+
 def run_fabrics(run: Runner, kernel_log: KernelLogReader, argv: list[str], what: str,
                 timeout: float) -> CommandResult:
-    """Run a fabrics command (``nvme connect``, ``nvme discover``) within ``timeout``
+    """Run a fabrics command (``nvme discover``) within ``timeout``
     seconds; its failure raises the :class:`ConnectError` it is, with the kernel's lines."""
     mark = kernel_log.mark()
     try:
         result = run(argv, timeout=timeout, check=False)
     except CommandTimeout as exc:
         kernel_log.since(mark)
-        hint = "the target did not answer; it may be starting"
-        if "--dhchap-ctrl-secret" in argv:
-            hint += (" (or the controller secret, auth.ctrl_key_file, differs from the "
-                     "storage host's: the kernel then waits instead of failing)")
-        elif "--dhchap-secret" in argv:
-            # A rejected secret whose verdict the host did not read before the target
-            # dropped the connection: the kernel waits for its admin timeout (60 s)
-            # instead of failing (seen on 6.12 under load).
-            hint += (" (or DH-HMAC-CHAP failed and the target dropped the connection "
-                     "before the host read why: " + _hint(None, errno.EKEYREJECTED) + ")")
         raise TransientConnectError(f"nvme {what} timed out after {exc.timeout:g}s",
-                                    hint) from None
+                                    timeout_hint()) from None
     if result.returncode != 0:
         kernel = kernel_log.since(mark)
         raise classify_connect_failure(result, kernel, what)

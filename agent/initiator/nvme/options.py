@@ -19,12 +19,12 @@ from .failures import PermanentConnectError
 
 @dataclass(frozen=True)
 class FabricsOptions:
-    """``nvme connect`` tuning options; None leaves the kernel's default.
+    """A connect's tuning options; None leaves the kernel's default.
 
     ``ctrl_loss_tmo`` -1 means reconnect forever (sysfs then shows ``off``).
-    ``fast_io_fail_tmo`` (-1: off) is not an nvme-cli option (2.3 has none): it is
-    written to the controller's sysfs attribute after the connect
-    (:mod:`agent.initiator.timeouts`), never passed on the command line.
+    ``fast_io_fail_tmo`` (-1: off) is written to the controller's sysfs attribute after
+    the connect (:mod:`agent.initiator.timeouts`): nvme-cli 2.3 had no such option, and a
+    controller that is already connected gets it the same way.
     """
 
     ctrl_loss_tmo: int | None = -1
@@ -59,28 +59,10 @@ class FabricsOptions:
             queue_size=getattr(cfg, "queue_size", None),
         )
 
-    def argv(self, host_iface: str | None = None, host_traddr: str | None = None) -> list[str]:
-        """The options as ``nvme connect`` arguments, with the host side of the address
-        connected to (``--host-iface``, ``--host-traddr``) among them."""
-        out: list[str] = []
-        for flag, value in (("--ctrl-loss-tmo", self.ctrl_loss_tmo),
-                            ("--reconnect-delay", self.reconnect_delay),
-                            ("--keep-alive-tmo", self.keep_alive_tmo),
-                            ("--nr-io-queues", self.nr_io_queues),
-                            ("--queue-size", self.queue_size),
-                            ("--host-iface", host_iface),
-                            ("--host-traddr", host_traddr),
-                            ("--dhchap-secret", self.dhchap_secret),
-                            ("--dhchap-ctrl-secret", self.dhchap_ctrl_secret)):
-            if value is not None:
-                out += [flag, str(value)]
-        if self.tls:
-            out.append("--tls")
-        return out
-
     def kernel_options(self, host_iface: str | None = None,
                        host_traddr: str | None = None) -> list[str]:
-        """The same options as ``/dev/nvme-fabrics`` tokens (drivers/nvme/host/fabrics.c)."""
+        """The options as ``/dev/nvme-fabrics`` tokens (drivers/nvme/host/fabrics.c), with
+        the host side of the address connected to (``host_iface``, ``host_traddr``)."""
         out = [f"{name}={value}" for name, value in (
             ("ctrl_loss_tmo", self.ctrl_loss_tmo), ("reconnect_delay", self.reconnect_delay),
             ("keep_alive_tmo", self.keep_alive_tmo), ("nr_io_queues", self.nr_io_queues),

@@ -262,8 +262,8 @@ def test_a_connection_dropped_during_the_connect_is_retried_and_said_so() -> Non
 
 
 def test_tls_options_and_tls_refusals_are_explained() -> None:
-    assert FabricsOptions(tls=True).argv()[-1] == "--tls"
-    assert "--tls" not in FabricsOptions().argv()
+    assert FabricsOptions(tls=True).kernel_options()[-1] == "tls"
+    assert "tls" not in FabricsOptions().kernel_options()
     old = CommandResult(("nvme", "connect", "--tls"), 1, "",
                         "connect: unrecognized option '--tls'\nUsage: nvme connect\n")
     exc = classify_connect_failure(old)

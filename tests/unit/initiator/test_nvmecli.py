@@ -3,12 +3,14 @@ connect error classes, the commands through the NvmeCli facade."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from agent.initiator.nvme import controllers, discovery, kmsg, listing
+from agent.initiator.nvme import discovery, kmsg, listing
 from agent.initiator.nvme.cli import NvmeCli, parse_version
 from agent.initiator.nvme.failures import (
     AlreadyConnected,
@@ -18,7 +20,7 @@ from agent.initiator.nvme.failures import (
 )
 from agent.initiator.nvme.options import FabricsOptions, check_fabrics_values
 from agent.initiator.nvme.output import NvmeCliError
-from agent.system.run import CommandResult, CommandTimeout
+from agent.system.run import CommandResult
 from tests.unit.fakerunner import FakeRunner
 
 FIX = Path(__file__).parent / "fixtures"
@@ -93,12 +95,6 @@ def test_discover_skips_records_without_address_and_tolerates_noise() -> None:
     [entry] = discovery.parse_discover(noisy)
     assert (entry.address.traddr, entry.address.transport, entry.address.trsvcid) == (
         "::1", "tcp", "")
-
-
-def test_connect_output() -> None:
-    assert controllers.parse_connect(text(V23 / "connect-ref.json")) == "nvme0"
-    assert controllers.parse_connect(case("connect-ok")["stdout"]) == "nvme2"
-    assert controllers.parse_connect("") is None
 
 
 @pytest.mark.parametrize("name", ["list-subsys-ref.json", "list-subsys.json"])
@@ -249,55 +245,59 @@ class ListKernelLog:
         return list(self.lines)
 
 
-def test_connect_argv_and_options() -> None:
-    runner = FakeRunner().on(["nvme", "connect"], stdout='{\n  "device":"nvme4"\n}\n')
-    cli = NvmeCli(runner, kernel_log=ListKernelLog([]))
+def test_connect_request_and_options() -> None:
+    """A connect is one request to /dev/nvme-fabrics: every option as the kernel's token,
+    duplicate_connect only for a further controller."""
+    written: list[str] = []
+    cli = NvmeCli(FakeRunner(), kernel_log=ListKernelLog([]),
+                  fabrics_write=lambda text, _t: written.append(text) or "instance=4,cntlid=1")
     opts = FabricsOptions(ctrl_loss_tmo=-1, reconnect_delay=2, keep_alive_tmo=7,
                           nr_io_queues=2, queue_size=64)
-    name = cli.connect("tcp", "10.0.0.1", 4420, POOL_NQN, hostnqn="nqn.h", hostid="id",
-                       host_iface="eth1", host_traddr="10.0.0.2", options=opts)
+    name = cli.add_controller("tcp", "10.0.0.1", 4420, POOL_NQN, hostnqn="nqn.h", hostid="id",
+                              host_iface="eth1", host_traddr="10.0.0.2", options=opts,
+                              duplicate=False)
     assert name == "nvme4"
-    [argv] = runner.calls
-    assert argv == ("nvme", "connect", "--transport", "tcp", "--traddr", "10.0.0.1",
-                    "--trsvcid", "4420", "--nqn", POOL_NQN, "--hostnqn", "nqn.h",
-                    "--hostid", "id", "--ctrl-loss-tmo", "-1", "--reconnect-delay", "2",
-                    "--keep-alive-tmo", "7", "--nr-io-queues", "2", "--queue-size", "64",
-                    "--host-iface", "eth1", "--host-traddr", "10.0.0.2",
-                    "--output-format", "json")
+    assert written == [
+        f"transport=tcp,traddr=10.0.0.1,trsvcid=4420,nqn={POOL_NQN},hostnqn=nqn.h,hostid=id,"
+        "ctrl_loss_tmo=-1,reconnect_delay=2,keep_alive_tmo=7,nr_io_queues=2,queue_size=64,"
+        "host_iface=eth1,host_traddr=10.0.0.2"]
+    cli.add_controller("tcp", "10.0.0.1", 4420, POOL_NQN, hostnqn="nqn.h")
+    assert written[-1].endswith(",duplicate_connect")
 
 
 def test_connect_failure_carries_kernel_lines() -> None:
+    """The kernel's errno for the write, and its lines, as a recorded refusal had them."""
     c = case("connect-not-allowed")
-    runner = FakeRunner().on(["nvme", "connect"], returncode=c["returncode"],
-                             stdout=c["stdout"], stderr=c["stderr"])
-    cli = NvmeCli(runner, kernel_log=ListKernelLog(host_lines(c)))
+
+    def refuse(_text: str, _t: float) -> str:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+    cli = NvmeCli(FakeRunner(), kernel_log=ListKernelLog(host_lines(c)), fabrics_write=refuse)
     with pytest.raises(PermanentConnectError) as info:
-        cli.connect("tcp", "127.0.0.1", 4420, POOL_NQN)
+        cli.add_controller("tcp", "127.0.0.1", 4420, POOL_NQN, hostnqn="nqn.h")
     assert info.value.kernel == tuple(host_lines(c))
 
 
+def _hang(_text: str, timeout: float) -> str:
+    raise TimeoutError(f"no answer within {timeout}")
+
+
 def test_connect_timeout_is_transient() -> None:
-    def hang(argv, _input):
-        raise CommandTimeout(argv, 45)
-    cli = NvmeCli(FakeRunner().on_call(["nvme", "connect"], hang),
-                  kernel_log=ListKernelLog([]))
+    cli = NvmeCli(FakeRunner(), kernel_log=ListKernelLog([]), fabrics_write=_hang)
     with pytest.raises(TransientConnectError, match="timed out"):
-        cli.connect("tcp", "127.0.0.1", 4420, POOL_NQN)
+        cli.add_controller("tcp", "127.0.0.1", 4420, POOL_NQN, hostnqn="nqn.h")
 
 
 def _timeout_hint(cli: NvmeCli, **options: str) -> str:
     with pytest.raises(TransientConnectError, match="timed out") as info:
-        cli.connect("tcp", "127.0.0.1", 4420, POOL_NQN, options=FabricsOptions(**options))
+        cli.add_controller("tcp", "127.0.0.1", 4420, POOL_NQN, hostnqn="nqn.h",
+                           options=FabricsOptions(**options))
     return info.value.hint or ""
 
 
 def test_connect_timeout_with_a_secret_names_the_secret() -> None:
     """A rejected secret can end in a wait (the target dropped the connection before
     the host read its verdict): the timeout's hint says which file to check."""
-    def hang(argv, _input):
-        raise CommandTimeout(argv, 45)
-    cli = NvmeCli(FakeRunner().on_call(["nvme", "connect"], hang),
-                  kernel_log=ListKernelLog([]))
+    cli = NvmeCli(FakeRunner(), kernel_log=ListKernelLog([]), fabrics_write=_hang)
     secret = "DHHC-1:00:" + "A" * 48 + ":"
     hint = _timeout_hint(cli, dhchap_secret=secret)
     assert "must hold the secret" in hint and "auth.key_file" in hint
@@ -368,13 +368,12 @@ def test_a_value_with_a_separator_never_reaches_nvme_cli_or_the_fabrics_device()
     cli = NvmeCli(runner, kernel_log=_NoKernelLog(),
                           fabrics_write=lambda text, _t: written.append(text) or "instance=9")
     with pytest.raises(PermanentConnectError, match=r"nqn .*traddr=203\.0\.113\.9.* contains"):
-        cli.connect("tcp", "10.0.0.1", 4420, INJECTED, hostnqn="nqn.2014-08.org.x:h")
-    with pytest.raises(PermanentConnectError, match="nqn"):
         cli.add_controller("tcp", "10.0.0.1", 4420, INJECTED, hostnqn="nqn.2014-08.org.x:h")
     with pytest.raises(PermanentConnectError, match="host_iface"):
         cli.discover("tcp", "10.0.0.1", 4420, host_iface="eth0,traddr=203.0.113.9")
     with pytest.raises(PermanentConnectError, match="traddr"):
-        cli.connect("tcp", "10.0.0.1\ntraddr=203.0.113.9", 4420, "nqn.2014-08.org.x:s")
+        cli.add_controller("tcp", "10.0.0.1\ntraddr=203.0.113.9", 4420, "nqn.2014-08.org.x:s",
+                           hostnqn="nqn.2014-08.org.x:h")
     assert runner.calls == [] and written == []
 
 
@@ -383,6 +382,7 @@ def test_a_secret_is_named_never_shown_and_its_base64_padding_is_fine() -> None:
     cli = NvmeCli(runner, kernel_log=_NoKernelLog())
     bad = FabricsOptions(dhchap_secret="DHHC-1:00:abc=,traddr=203.0.113.9:")
     with pytest.raises(PermanentConnectError) as err:
-        cli.connect("tcp", "10.0.0.1", 4420, "nqn.2014-08.org.x:s", options=bad)
+        cli.add_controller("tcp", "10.0.0.1", 4420, "nqn.2014-08.org.x:s",
+                           hostnqn="nqn.2014-08.org.x:h", options=bad)
     assert "(a secret)" in err.value.message and "abc" not in err.value.message
     check_fabrics_values(dhchap_secret="DHHC-1:00:YWJjZA==:")  # padding is allowed

@@ -56,6 +56,16 @@ PAIRS = 2
 FULL_ROUNDS = 2
 #: Files the batched-close floor keeps open at once (its fds are closed with close_range).
 CLOSE_BATCH = 64
+#: The curve (``--shapes-curve``): per shape one cold apply, one clear-and-rebuild, 4
+#: pairs of (floor, converged pass), one converged pass with the full read, the
+#: planner's read profiled; no floor variants (the figures a curve needs, in less time).
+CURVE = False
+
+
+def curve() -> None:
+    """Bench the shapes as a curve (:data:`CURVE`)."""
+    global CURVE, ROUNDS, PAIRS, FULL_ROUNDS
+    CURVE, ROUNDS, PAIRS, FULL_ROUNDS = True, 2, 4, 1
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -262,11 +272,20 @@ def profile(fn: Callable[[], Any]) -> dict[str, Any]:
             "top": out.getvalue()}
 
 
+def _rss_kib() -> int:
+    """This process's resident set (KiB): the bench holds each shape's trees, as the
+    agent would."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
 def null_blk(count: int) -> None:
     """``count`` null_blk devices /dev/nullb0.. (not memory backed: no data is kept)."""
     subprocess.run(["modprobe", "null_blk", f"nr_devices={count}", "gb=1"], check=True,
                    timeout=600)
-    for _ in range(600):
+    for _ in range(6000):  # (10,240 devices take minutes under TCG)
         if os.path.exists(f"/dev/nullb{count - 1}"):
             return
         time.sleep(0.1)
@@ -342,9 +361,10 @@ def bench_shape(fs: nvmet.RealConfigFS, subs: int, per: int, out: Path, *,
     row["converged_full_read"] = medians([{k: v for k, v in r.items() if k != "floor_s"}
                                           for r in full])
     variants = {}
-    for name, fn in (("dir fd", lambda: read_floor_dirfd(files, link_dirs)),
-                     ("batched close", lambda: read_floor_batched(files, link_dirs)),
-                     ("2 threads", lambda: read_floor_threads(files, link_dirs, 2))):
+    for name, fn in () if CURVE else (
+            ("dir fd", lambda: read_floor_dirfd(files, link_dirs)),
+            ("batched close", lambda: read_floor_batched(files, link_dirs)),
+            ("2 threads", lambda: read_floor_threads(files, link_dirs, 2))):
         ratios = []
         for _ in range(3):
             floor = timed(lambda: read_floor(files, link_dirs))
@@ -352,7 +372,8 @@ def bench_shape(fs: nvmet.RealConfigFS, subs: int, per: int, out: Path, *,
         variants[name] = statistics.median(ratios)
     row["floor_variants"] = variants
     row["profile"] = {m: profile(lambda m=m: converged(fs, want, scope, m))
-                      for m in sorted({mode, "full"})}
+                      for m in sorted({mode} if CURVE else {mode, "full"})}
+    row["memory_kib"] = _rss_kib()
     for m, p in row["profile"].items():
         (out / f"profile-{shape}-{m}.txt").write_text(p.pop("top"))
 
@@ -435,6 +456,11 @@ def table(rows: list[dict[str, Any]]) -> str:
             line(key, [f"{r['ratios'][key]['median']:.3f}" for r in rows])
     for name in rows[0]["floor_variants"]:
         line(f"floor with {name} / floor", [f"{r['floor_variants'][name]:.3f}" for r in rows])
+    line("converged ms per 1000 namespaces",
+         [f"{1e6 * r['converged']['total_s'] / r['namespaces']:.0f}" for r in rows])
+    line("floor ms per 1000 namespaces",
+         [f"{1e6 * r['floor_s'] / r['namespaces']:.0f}" for r in rows])
+    line("bench process RSS MiB", [f"{r['memory_kib'] / 1024:.1f}" for r in rows])
     lines.append("")
     for r in rows:
         for m, p in r["profile"].items():

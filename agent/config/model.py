@@ -488,7 +488,7 @@ class TargetRef:
 
 @dataclass(frozen=True)
 class ConnectOptions:
-    """nvme connect options for a pool's controllers."""
+    """Connect options for a pool's controllers."""
 
     ctrl_loss_tmo: Duration | Literal["forever"] = doc_field(
         "How long the kernel keeps reconnecting before giving the device up; 'forever' "
@@ -633,7 +633,7 @@ class InitiatorPool:
         "hard limit, its usage read in O(1)) unless the list names a quota option itself: "
         "pqnoenforce (usage from the quota, caps advisory) or noquota (caps advisory, "
         "usage sampled).", ("noatime",))
-    connect: ConnectOptions = doc_field("nvme connect options.",
+    connect: ConnectOptions = doc_field("Connect options (as the kernel's fabrics options).",
                                         default_factory=ConnectOptions)
     engines: tuple[EngineConfig, ...] = doc_field("Engines that use this pool.", ())
     auth: InitiatorAuth | None = doc_field(

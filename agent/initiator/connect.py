@@ -5,23 +5,20 @@ A controller is "ours already" when its address is the target's
 service, normalised: ``::1`` == ``0:0::1``; the host interface and address where the
 pool chooses them; never ``src_addr``, the local address the kernel picked) and subsystem
 NQN and host NQN match, and its state is usable (live, connecting, resetting). Then
-nothing is run. Otherwise ``nvme connect``
-runs; transient failures are retried with tenacity (bounded, logged),
-permanent ones raise at once with the kernel's reason.
+nothing is run. Otherwise a connect request is written to ``/dev/nvme-fabrics`` (a
+command: :meth:`NvmeCli.add_controller`); transient failures are retried with tenacity
+(bounded, logged), permanent ones raise at once with the kernel's reason.
 
 A matching controller that is not as the target wants it is replaced, make before break,
 as one bounded step (:func:`replace_controller`): its TLS state is part of what is
 wanted (a plaintext controller for a pool that wants TLS, or the reverse), and so are its
 DH-HMAC-CHAP secrets when both changed at once.
 
-nvme-cli 2.3 quirks handled here (fixtures/nvme-2.3/):
-- a connect to an already-connected subsystem exits 1 ("already connected"),
-  so after a failure sysfs is checked again;
-- its "already connected" check ignores the host NQN, and ``--duplicate-connect``
-  does not get past it either: while one host identity holds a subsystem and
-  port, another cannot connect there. kvagent passes ``--duplicate-connect``
-  when sysfs shows only other identities there (later nvme-cli releases honour
-  it) and otherwise reports a permanent error naming the holder.
+The kernel refuses a connect (EALREADY) when this host identity has a controller to the
+subsystem at that address (host side included) that is not being deleted: sysfs is then
+read again (it may have appeared meanwhile), else the connect is retried. Another host
+identity's controller is no obstacle (nvme-cli 2.3 refused that one too, which is one
+reason kvagent no longer runs ``nvme connect``).
 
 On the 6.1 kernel, connecting with a host NQN that is already in use but a
 different host ID overwrites the ID the live controllers show in sysfs

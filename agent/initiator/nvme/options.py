@@ -1,5 +1,6 @@
-"""How kvagent asks for a connection: the options (:class:`FabricsOptions`), as nvme-cli
-arguments or ``/dev/nvme-fabrics`` tokens; the check that no value adds options of its
+"""How kvagent asks for a connection: the options (:class:`FabricsOptions`), as
+``/dev/nvme-fabrics`` tokens; this host's side as nvme-cli arguments (``nvme discover``);
+the check that no value adds options of its
 own (:func:`check_fabrics_values`); and the command that writes a request to
 ``/dev/nvme-fabrics`` (:func:`fabrics_write_command`, running :mod:`.fabrics_writer`).
 """

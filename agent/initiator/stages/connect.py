@@ -139,7 +139,7 @@ def _iopolicy(ctx: StageContext, pool: InitiatorPool, policy: str, nqns: list[st
 def _keep_timeouts(ctx: StageContext, pool: InitiatorPool,
                    controllers: tuple[Controller, ...], want: Timeouts) -> None:
     """Give the pool's controllers its timeouts where theirs differ (a new controller:
-    fast_io_fail_tmo, which nvme connect cannot set; drift on an existing one)."""
+    fast_io_fail_tmo, which the connect request does not set; drift on an existing one)."""
     for ctrl in dict.fromkeys(controllers):
         drifts = drift(ctrl, want)
         missing = unsupported(drifts)

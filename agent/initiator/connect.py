@@ -158,16 +158,17 @@ class Replacement:
                 f"{self.old} disconnected")
 
 
-def find_controllers(target: Target, sysfs: Sysfs, *, usable_only: bool = True
-                     ) -> list[Controller]:
+def find_controllers(target: Target, sysfs: Sysfs, *, usable_only: bool = True,
+                     relist: bool = True) -> list[Controller]:
     """Existing controllers for ``target`` (by default only usable ones), each read live;
     when none is found among the controllers that showed its subsystem before, every
-    controller's subsystem is read again."""
+    controller's subsystem is read again (``relist``). Before a connect that is not
+    needed: the kernel refuses a second controller of this host identity (EALREADY)."""
     def pick(fresh: bool) -> list[Controller]:
         return [c for c in sysfs.controllers(target.subsysnqn, fresh=fresh)
                 if target.matches(c) and (c.usable or not usable_only)]
 
-    return pick(False) or pick(True)
+    return pick(False) or (pick(True) if relist else [])
 
 
 def _log_retry(state: RetryCallState) -> None:
@@ -192,7 +193,7 @@ def connect(target: Target, *, cli: NvmeCli, sysfs: Sysfs, attempts: int = 5,
     of it (:func:`refresh_controllers`: TLS added or removed, both DH-HMAC-CHAP secrets
     rotated).
     """
-    existing = find_controllers(target, sysfs)
+    existing = find_controllers(target, sysfs, relist=False)
     if existing:
         log.debug("already connected", subsysnqn=target.subsysnqn,
                   controllers=[c.name for c in existing])
@@ -202,7 +203,7 @@ def connect(target: Target, *, cli: NvmeCli, sysfs: Sysfs, attempts: int = 5,
     made: list[bool] = []
 
     def attempt() -> tuple[Controller, ...]:
-        current = find_controllers(target, sysfs)
+        current = find_controllers(target, sysfs, relist=False)
         if current:
             return tuple(current)
         try:
@@ -448,6 +449,7 @@ def _live_with_paths(target: Target, sysfs: Sysfs, name: str, nsids: set[int],
     deadline = clock() + wait
     while True:
         progress.checkpoint()
+        sysfs.learn(name)
         ctrl = next((c for c in find_controllers(target, sysfs) if c.name == name), None)
         if ctrl is not None and ctrl.state == "live":
             heads = sysfs.subsystem_namespaces(target.subsysnqn)
@@ -464,6 +466,8 @@ def _settled(target: Target, sysfs: Sysfs, name: str | None, settle: float,
     """The target's controllers once the new one is visible in sysfs."""
     deadline = time.monotonic() + settle
     while True:
+        if name is not None:
+            sysfs.learn(name)
         found = find_controllers(target, sysfs, usable_only=False)
         if found and (name is None or any(c.name == name for c in found)):
             return tuple(found)
@@ -471,7 +475,7 @@ def _settled(target: Target, sysfs: Sysfs, name: str | None, settle: float,
             if found:
                 return tuple(found)
             raise KvagentError(
-                f"nvme connect reported {name or 'success'} but no controller for "
+                f"the connect reported {name or 'success'} but no controller for "
                 f"{target.subsysnqn} at {target.address.traddr}:{target.address.trsvcid} "
                 "appeared in sysfs",
                 "check dmesg; the controller may have been deleted right away")

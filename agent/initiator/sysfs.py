@@ -226,6 +226,51 @@ class NamespaceHead:
         return None if self.size_sectors is None else self.size_sectors * SECTOR
 
 
+class _Owners:
+    """The NQN each sysfs object of one kind (controllers, subsystems) showed when a
+    reader last looked at it, and the reverse: which objects showed an NQN. A reader lists
+    the objects once, then finds a subsystem's by the reverse (no listing per pool)."""
+
+    def __init__(self) -> None:
+        self.nqn: dict[str, str | None] = {}
+        self._showing: dict[str | None, set[str]] = {}
+        #: whether every object has been listed once (else :meth:`showing` knows too little)
+        self.listed = False
+
+    def set(self, name: str, nqn: str | None) -> None:
+        if name in self.nqn:
+            if self.nqn[name] == nqn:
+                return
+            self._showing[self.nqn[name]].discard(name)
+        self.nqn[name] = nqn
+        self._showing.setdefault(nqn, set()).add(name)
+
+    def forget(self, name: str) -> None:
+        if name in self.nqn:
+            self._showing[self.nqn.pop(name)].discard(name)
+
+    def showing(self, nqn: str) -> list[str]:
+        """The objects that showed ``nqn``, in the kernel's order (by number)."""
+        return sorted(self._showing.get(nqn, ()), key=_number)
+
+    def relist(self, names: list[str], read: Callable[[str], str | None], *,
+               every: bool) -> None:
+        """``names`` are the objects now: the gone ones are forgotten, the new ones (with
+        ``every``, all of them: a name may have been reused) have their NQN ``read``."""
+        for gone in set(self.nqn).difference(names):
+            self.forget(gone)
+        for n in names:
+            if every or n not in self.nqn:
+                self.set(n, read(n))
+        self.listed = True
+
+
+def _number(name: str) -> int:
+    """``nvme12`` / ``nvme-subsys12`` -> 12."""
+    digits = name[len(name.rstrip("0123456789")):]
+    return int(digits) if digits else -1
+
+
 class Sysfs:
     """Reads NVMe controllers, subsystems and namespaces under a sysfs root."""
 
@@ -235,12 +280,11 @@ class Sysfs:
         self.root = Path(root)
         release = os.uname().release if kernel is None else kernel
         self.tls_key_exact = kernel_version(release) >= TLS_KEY_ONLY_WITH_TLS
-        #: controller name -> the subsystem NQN it showed when last looked at: which
-        #: controllers :meth:`controllers` reads for a subsystem (each is then read live).
-        self._owners: dict[str, str | None] = {}
-        #: the same for subsystems (``nvme-subsys<S>`` -> NQN), for
-        #: :meth:`subsystem_namespaces`
-        self._subsystem_owners: dict[str, str | None] = {}
+        #: the subsystem NQN each controller showed when last looked at: which
+        #: controllers :meth:`controllers` reads for a subsystem (each is then read live)
+        self._ctrl_owners = _Owners()
+        #: the same for subsystems (``nvme-subsys<S>``), for :meth:`subsystem_namespaces`
+        self._subsystem_owners = _Owners()
 
     # -- controllers ----------------------------------------------------------
     def controller_names(self) -> list[str]:
@@ -272,29 +316,41 @@ class Sysfs:
         """Every controller that could be read completely (vanished ones are left out).
 
         With ``subsysnqn``, only that subsystem's: the controllers that showed it when this
-        reader last looked at them (their ``subsysnqn`` is read the first time this reader
-        meets them, or again with ``fresh``) are read in full, and kept when they still
-        show it. A GPU host has a controller per pool and every pool's attach looks for
-        its own: one file of every other controller per pass, not all of them per pool.
-        A caller that finds none of its own looks again with ``fresh`` (a name may have
-        been reused by a new controller since).
+        reader last looked at them are read in full, and kept when they still show it.
+        The controllers are listed (and a new one's ``subsysnqn`` read) the first time
+        this reader is asked, and again with ``fresh`` (every ``subsysnqn`` then read
+        again: a name may have been reused): a GPU host has a controller per pool and
+        every pool's attach looks for its own, so a pass lists them once, not per pool.
+        A controller made since the listing is found with ``fresh``, or :meth:`learn`.
         """
-        names = self.controller_names()
-        if subsysnqn is not None:
-            root = f"{self.root}/class/nvme"
-            owners = self._owners
-            for n in names:
-                if fresh or n not in owners:
-                    owners[n] = read_attr(f"{root}/{n}/subsysnqn")
-            names = [n for n in names if owners[n] == subsysnqn]
+        owners = self._ctrl_owners
+        if subsysnqn is None:
+            names = self.controller_names()
+            for gone in set(owners.nqn).difference(names):
+                owners.forget(gone)
+        else:
+            if fresh or not owners.listed:
+                root = f"{self.root}/class/nvme"
+                owners.relist(self.controller_names(),
+                              lambda n: read_attr(f"{root}/{n}/subsysnqn"), every=fresh)
+            names = owners.showing(subsysnqn)
         found = []
         for n in names:
             c = self.controller(n)
-            if c is not None:
-                self._owners[n] = c.subsysnqn
-                if subsysnqn is None or c.subsysnqn == subsysnqn:
-                    found.append(c)
+            if c is None:
+                owners.forget(n)
+                continue
+            owners.set(n, c.subsysnqn)
+            if subsysnqn is None or c.subsysnqn == subsysnqn:
+                found.append(c)
+        if subsysnqn is None:
+            owners.listed = True
         return found
+
+    def learn(self, name: str) -> None:
+        """A controller just made (the kernel named it): :meth:`controllers` finds it
+        without listing them all again."""
+        self._ctrl_owners.set(name, read_attr(f"{self.root}/class/nvme/{name}/subsysnqn"))
 
     def controller_secret(self, name: str, attr: str) -> str | None:
         """A controller's DH-HMAC-CHAP secret (``dhchap_secret`` or ``dhchap_ctrl_secret``;
@@ -347,26 +403,24 @@ class Sysfs:
 
     def _by_nqn(self, nqn: str, look: Callable[[list[str]], T | None]) -> T | None:
         """``look`` at the subsystems (``nvme-subsys<S>`` names) that showed ``nqn`` when
-        this reader last looked (a new one's NQN is read once); when it finds nothing
-        (None), every subsystem's NQN is read again and it looks once more."""
-        root = f"{self.root}/class/nvme-subsystem"
-        names = [n for n in _listdir(root) if _SUBSYS_RE.match(n)]
+        this reader last looked; when that finds nothing (None), at the subsystems listed
+        now (a new one's NQN is read once), then with every subsystem's NQN read again."""
         owners = self._subsystem_owners
-        for n in names:
-            if n not in owners:
-                owners[n] = read_attr(f"{root}/{n}/subsysnqn")
-        found = look([n for n in names if owners[n] == nqn])
-        if found is None:  # none of them shows it now: every subsystem is looked at again
-            for n in names:
-                owners[n] = read_attr(f"{root}/{n}/subsysnqn")
-            found = look([n for n in names if owners[n] == nqn])
+        found = look(owners.showing(nqn)) if owners.listed else None
+        root = f"{self.root}/class/nvme-subsystem"
+        for every in (False, True):
+            if found is not None:
+                break
+            names = [n for n in _listdir(root) if _SUBSYS_RE.match(n)]
+            owners.relist(names, lambda n: read_attr(f"{root}/{n}/subsysnqn"), every=every)
+            found = look(owners.showing(nqn))
         return found
 
     def _subsystems_showing(self, nqn: str, names: list[str]) -> list[Subsystem]:
         out = []
         for n in names:
             sub = self.subsystem(n)
-            self._subsystem_owners[n] = sub.nqn if sub else None
+            self._subsystem_owners.set(n, sub.nqn if sub else None)
             if sub is not None and sub.nqn == nqn:
                 out.append(sub)
         return out
@@ -485,7 +539,7 @@ class Sysfs:
         shown = False
         for sub in names:
             nqn = read_attr(f"{root}/{sub}/subsysnqn")
-            self._subsystem_owners[sub] = nqn
+            self._subsystem_owners.set(sub, nqn)
             if nqn != subsysnqn:
                 continue
             shown = True

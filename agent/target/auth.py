@@ -58,15 +58,20 @@ def plan_host_auth(pools: list[TargetPool], live: Tree,
     too; nor is one allowed by no subsystem that holds secrets other than the config's.
     That pool has an error instead."""
     out = HostAuthPlan()
+    # Each host NQN's subsystems of someone else (one walk of nvmet, not one per host).
+    foreign_of: dict[str, list[str]] = {}
+    if subsystem_prefix:
+        for s, sub in live.subsystems.items():
+            if not s.startswith(subsystem_prefix + ":"):
+                for h in sub.allowed_hosts:
+                    foreign_of.setdefault(h, []).append(s)
     for pool in pools:
         for i, host in enumerate(pool.hosts):
             where = f"pool {pool.name}: host {host.name} ({host.nqn})"
             lhost = live.hosts.get(host.nqn)
             live_keys = [f for f in ("dhchap_key", "dhchap_ctrl_key")
                          if lhost is not None and lhost.attrs.get(f)]
-            foreign = sorted(s for s, sub in live.subsystems.items()
-                             if host.nqn in sub.allowed_hosts and subsystem_prefix
-                             and not s.startswith(subsystem_prefix + ":"))
+            foreign = sorted(foreign_of.get(host.nqn, ()))
             if (host.auth is not None and lhost is not None and host.nqn not in owned_hosts
                     and foreign):
                 out.errors.setdefault(pool.name, []).append((

@@ -295,3 +295,50 @@ def test_the_tls_state_as_sysfs_shows_it_on_each_kernel(tmp_path: Path) -> None:
     on_68 = {c.name: c.tls for c in Sysfs(tmp_path, kernel="6.8.0-49-generic").controllers()}
     assert on_612 == {"nvme2": True, "nvme3": False, "nvme4": True}
     assert on_68 == {"nvme2": True, "nvme3": False, "nvme4": None}
+
+
+@pytest.mark.parametrize("pools", [4, 40])
+def test_a_pass_lists_the_controllers_and_subsystems_once_whatever_the_pools(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pools: int) -> None:
+    """Each pool's attach looks for its own controllers and namespaces: one reader lists
+    class/nvme and class/nvme-subsystem once, not once per pool (that made a pass of 640
+    pools quadratic: 640 listings of 640 entries each, twice)."""
+    fake = FakeSysfs(tmp_path)
+    for i in range(pools):
+        nqn = f"nqn.2026-11.io.kvagent:s:p{i}"
+        fake.add_controller(i, subsysnqn=nqn, hostnqn="h")
+        fake.add_subsystem(i, nqn, controllers=(i,))
+        fake.add_namespace(i, 1, f"00000000-0000-4000-8000-{i:012d}", paths=((i, "optimized"),))
+    listed: list[str] = []
+    real = os.listdir
+    monkeypatch.setattr(sysfs_mod.os, "listdir",
+                        lambda p=".": listed.append(str(p)) or real(p))
+    reader = Sysfs(tmp_path)
+    for i in range(pools):
+        nqn = f"nqn.2026-11.io.kvagent:s:p{i}"
+        assert [c.name for c in reader.controllers(nqn)] == [f"nvme{i}"]
+        assert list(reader.subsystem_namespaces(nqn)) == [1]
+        assert [s.name for s in reader.subsystems_of(nqn)] == [f"nvme-subsys{i}"]
+    assert listed.count(str(tmp_path / "class/nvme")) == 1
+    assert listed.count(f"{tmp_path}/class/nvme-subsystem") == 1
+
+
+def test_a_controller_made_after_the_listing_is_found(tmp_path: Path) -> None:
+    """Made by this pass (learnt by name), or by anyone (a fresh look finds it); a name
+    reused by another subsystem's controller is not taken for the old one."""
+    fake = FakeSysfs(tmp_path)
+    fake.add_controller(1, subsysnqn="nqn.2026-11.io.kvagent:s:a", hostnqn="h")
+    reader = Sysfs(tmp_path)
+    assert [c.name for c in reader.controllers("nqn.2026-11.io.kvagent:s:a")] == ["nvme1"]
+    fake.add_controller(2, subsysnqn="nqn.2026-11.io.kvagent:s:b", hostnqn="h")
+    assert reader.controllers("nqn.2026-11.io.kvagent:s:b") == []  # not listed since
+    reader.learn("nvme2")
+    assert [c.name for c in reader.controllers("nqn.2026-11.io.kvagent:s:b")] == ["nvme2"]
+    fake.add_controller(3, subsysnqn="nqn.2026-11.io.kvagent:s:c", hostnqn="h")
+    assert [c.name for c in reader.controllers("nqn.2026-11.io.kvagent:s:c",
+                                               fresh=True)] == ["nvme3"]
+    fake.remove_controller(1)
+    fake.add_controller(1, subsysnqn="nqn.2026-11.io.kvagent:s:d", hostnqn="h")
+    assert reader.controllers("nqn.2026-11.io.kvagent:s:a") == []
+    assert [c.name for c in reader.controllers("nqn.2026-11.io.kvagent:s:d",
+                                               fresh=True)] == ["nvme1"]

@@ -420,10 +420,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = ["converged pass at scale (nvmet library, null_blk, TCG VM: compare ratios)",
              f"{ROUNDS} rounds (cold apply or clear-and-rebuild, then {PAIRS} pairs of floor "
              "and converged pass); ratios: median over rounds [min-max]", "",
-             f"{'':38}" + "".join(f"{r['shape']:>22}" for r in rows)]
+             f"{'':38}" + "".join(f"{r['shape']:>26}" for r in rows)]
 
     def line(label: str, values: list[str]) -> None:
-        lines.append(f"{label:38}" + "".join(f"{v:>22}" for v in values))
+        lines.append(f"{label:38}" + "".join(f"{v:>26}" for v in values))
 
     line("namespaces", [str(r["namespaces"]) for r in rows])
     line(f"cold apply s, median of {ROUNDS} (writes)",

@@ -176,6 +176,10 @@ def local_hostnqn() -> str:
     return read("/etc/nvme/hostnqn")
 
 
+def local_hostid() -> str:
+    return read("/etc/nvme/hostid")
+
+
 def controllers_for(nqn: str) -> list[Path]:
     out = []
     for c in Path("/sys/class/nvme").glob("nvme*"):

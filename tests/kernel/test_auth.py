@@ -296,7 +296,10 @@ def refused_connect(lab: Lab, nqn: str, secret: str | None, tries: int = 3) -> C
     cli = NvmeCli()
     for attempt in range(1, tries + 1):
         try:
+            # With this host's hostid: the kernel's default one is its default host NQN's
+            # (6.12 refuses that pair with EINVAL, "same hostid but different hostnqn").
             cli.add_controller("tcp", "127.0.0.1", 4420, nqn, hostnqn=lab.hostnqn,
+                               hostid=kit.local_hostid(),
                                options=FabricsOptions(ctrl_loss_tmo=None,
                                                       dhchap_secret=secret),
                                duplicate=False)

@@ -136,9 +136,14 @@ def test_tcp_discover_connect_find_refuse_disconnect(nullb) -> None:
             (ctrl.name, "live", "optimized")]
         assert os.path.exists(dev.device)
 
-        # While this host holds the port, nvme-cli 2.3 will not connect another identity.
-        with pytest.raises(PermanentConnectError, match="already connected because"):
+        # While this host holds the port, another identity's connect (through
+        # /dev/nvme-fabrics, not nvme-cli's own duplicate check) gets the target's own
+        # refusal, is not retried, and leaves this host's controller as it was.
+        with pytest.raises(PermanentConnectError) as again:
             connect(stranger, cli=cli, sysfs=sysfs, attempts=3, sleep=sleeps.append)
+        assert sleeps == [] and again.value.status == 0x4184, again.value
+        assert [p.name for p in kit.controllers_for(MINE)] == [ctrl.name]
+        assert kit.read(Path("/sys/class/nvme") / ctrl.name / "state") == "live"
 
         assert disconnect_controllers(MINE, OTHER_HOST, cli=cli, sysfs=sysfs) == []
         assert disconnect_controllers(MINE, hostnqn, cli=cli, sysfs=sysfs) == [ctrl.name]

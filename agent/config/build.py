@@ -81,9 +81,8 @@ class Builder:
             return None
 
     def _convert(self, tp: Any, value: Any, path: Path, meta: dict[str, Any]) -> Any:
-        origin = typing.get_origin(tp)
+        origin, args, is_dataclass = _shape(tp)
         if origin in (Union, types.UnionType):
-            args = typing.get_args(tp)
             if value is None and type(None) in args:
                 return None
             options = [a for a in args if a is not type(None)]
@@ -93,13 +92,13 @@ class Builder:
                 return self._convert_tagged_union(options, value, path)
             return self._convert_first_match(options, value, path, meta)
         if origin is Literal:
-            allowed = typing.get_args(tp)
+            allowed = args
             if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
                 self.problem(path, f"{value!r} is not one of: {', '.join(map(str, allowed))}")
                 raise _Invalid
             return value
         if origin is tuple:
-            (item_type, _ellipsis) = typing.get_args(tp)
+            (item_type, _ellipsis) = args
             if not isinstance(value, list):
                 self.problem(path, f"must be a list, got {_describe(value)}")
                 raise _Invalid
@@ -112,7 +111,7 @@ class Builder:
             if failed:
                 raise _Invalid
             return tuple(items)
-        if dataclasses.is_dataclass(tp):
+        if is_dataclass:
             return self._convert_dataclass(tp, value, path)
         if tp is bool:
             if not isinstance(value, bool):
@@ -229,6 +228,16 @@ def _describe(value: Any) -> str:
 
 
 _HINTS_CACHE: dict[type, dict[str, Any]] = {}
+_SHAPES: dict[Any, tuple[Any, tuple[Any, ...], bool]] = {}
+
+
+def _shape(tp: Any) -> tuple[Any, tuple[Any, ...], bool]:
+    """``(origin, args, is a dataclass)`` of a field's type, worked out once per type."""
+    shape = _SHAPES.get(tp)
+    if shape is None:
+        shape = _SHAPES[tp] = (typing.get_origin(tp), typing.get_args(tp),
+                               dataclasses.is_dataclass(tp))
+    return shape
 
 
 @dataclass(frozen=True)

@@ -692,6 +692,24 @@ class InitiatorPool:
             )
 
 
+def overlapping_paths(paths: list[str]) -> list[tuple[int, int]]:
+    """Pairs ``(i, j)``, ``j < i``, of normalised absolute paths where one is the other or
+    under it, in order of ``i`` then ``j``: each path's ancestors are looked up, so the
+    cost grows with the paths times their depth, not with the paths squared."""
+    at: dict[str, list[int]] = {}
+    for i, path in enumerate(paths):
+        at.setdefault(path.rstrip("/"), []).append(i)
+    pairs = set()
+    for i, path in enumerate(paths):
+        key = path.rstrip("/")
+        while True:
+            pairs.update((max(i, j), min(i, j)) for j in at.get(key, ()) if j != i)
+            if not key:
+                break
+            key = key.rpartition("/")[0]
+    return sorted(pairs)
+
+
 @dataclass(frozen=True)
 class InitiatorConfig:
     """The GPU-host role: pools to attach."""
@@ -704,14 +722,10 @@ class InitiatorConfig:
     def check(self) -> Check:
         for i, name, first in duplicates((i, p.name) for i, p in enumerate(self.pools)):
             yield ("pools", i, "name"), f"pool name {name!r} is used twice (also pools[{first}])"
-        mounts = [(i, p.mount) for i, p in enumerate(self.pools)]
-        for i, mount in mounts:
-            for j, other in mounts:
-                if j < i and (mount == other or mount.startswith(other.rstrip("/") + "/")
-                              or other.startswith(mount.rstrip("/") + "/")):
-                    yield ("pools", i, "mount"), (
-                        f"{mount} overlaps the mount of pools[{j}] ({other})"
-                    )
+        for i, j in overlapping_paths([p.mount for p in self.pools]):
+            yield ("pools", i, "mount"), (
+                f"{self.pools[i].mount} overlaps the mount of pools[{j}] ({self.pools[j].mount})"
+            )
 
 
 @dataclass(frozen=True)

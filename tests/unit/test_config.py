@@ -439,3 +439,36 @@ def test_a_config_file_larger_than_the_cap_is_refused(tmp_path: Path,
     file.write_text("version: 1\n" + "# padding\n" * 20)
     with pytest.raises(ConfigError, match="larger than"):
         load.load_config(file)
+
+
+def _overlap_pairs_by_comparing_all(paths: list[str]) -> list[tuple[int, int]]:
+    """The definition: every pair compared (one path is the other or under it)."""
+    return [(i, j) for i, a in enumerate(paths) for j, b in enumerate(paths)
+            if j < i and (a == b or a.startswith(b.rstrip("/") + "/")
+                          or b.startswith(a.rstrip("/") + "/"))]
+
+
+@given(st.lists(st.lists(st.sampled_from(["a", "b", "ab", "c"]), max_size=4)
+                .map(lambda parts: "/" + "/".join(parts)), max_size=12))
+def test_overlapping_mounts_are_the_pairs_a_comparison_of_all_finds(paths: list[str]) -> None:
+    from agent.config.model import overlapping_paths
+    assert overlapping_paths(paths) == _overlap_pairs_by_comparing_all(paths)
+
+
+def test_overlapping_initiator_mounts_are_refused_naming_both_pools() -> None:
+    data = base()
+    pool = data["initiator"]["pools"][0]
+    data["initiator"]["pools"] = [
+        {**pool, "name": "a", "mount": "/cache/kv"},
+        {**pool, "name": "b", "mount": "/cache/kvx"},
+        {**pool, "name": "c", "mount": "/cache/kv/c"},
+        {**pool, "name": "d", "mount": "/cache"},
+    ]
+    with pytest.raises(ConfigError) as err:
+        parse_config(yaml.safe_dump(data))
+    assert [(p.field, p.message) for p in err.value.problems] == [
+        ("initiator.pools[2].mount", "/cache/kv/c overlaps the mount of pools[0] (/cache/kv)"),
+        ("initiator.pools[3].mount", "/cache overlaps the mount of pools[0] (/cache/kv)"),
+        ("initiator.pools[3].mount", "/cache overlaps the mount of pools[1] (/cache/kvx)"),
+        ("initiator.pools[3].mount", "/cache overlaps the mount of pools[2] (/cache/kv/c)"),
+    ]

@@ -59,6 +59,17 @@ class StatusSocketError(KvagentError):
     """The status socket could not be made."""
 
 
+def encoded_around(doc: dict[str, Any], key: str) -> tuple[bytes, bytes]:
+    """``json.dumps(doc)`` in two pieces, before and after ``doc[key]``'s value, so that
+    an answer that differs only there is not encoded whole each time."""
+    keys = list(doc)
+    at = keys.index(key)
+    head = json.dumps({k: doc[k] for k in keys[:at]})
+    tail = json.dumps({k: doc[k] for k in keys[at + 1:]})
+    return ((head[:-1] + (", " if at else "") + json.dumps(key) + ": ").encode(),
+            ((", " + tail[1:]) if at + 1 < len(keys) else "}").encode())
+
+
 class _Answer:
     """An answer being written."""
 
@@ -94,7 +105,8 @@ class StatusSocket:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._sock, selectors.EVENT_READ)
         self._answers: dict[socket.socket, _Answer] = {}  # oldest first
-        self._cached: tuple[Snapshot, dict[str, Any]] | None = None
+        #: The last snapshot served and its JSON around the "collected" value.
+        self._cached: tuple[Snapshot, bytes, bytes] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -250,12 +262,12 @@ class StatusSocket:
         if snap is None:
             return b""
         if self._cached is None or self._cached[0] is not snap:
-            self._cached = (snap, to_status_json(snap, source="agent"))
-        doc = dict(self._cached[1])
-        doc["collected"] = {"source": "agent", "pid": os.getpid(),
-                            "age_seconds": round(max(0.0, self.clock() - snap.collect_tick),
-                                                 3)}
-        return json.dumps(doc).encode() + b"\n"
+            self._cached = (snap, *encoded_around(to_status_json(snap, source="agent"),
+                                                  "collected"))
+        _, head, tail = self._cached
+        collected = {"source": "agent", "pid": os.getpid(),
+                     "age_seconds": round(max(0.0, self.clock() - snap.collect_tick), 3)}
+        return b"".join((head, json.dumps(collected).encode(), tail, b"\n"))
 
     def _write(self, conn: socket.socket) -> None:
         answer = self._answers.get(conn)

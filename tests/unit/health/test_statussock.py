@@ -22,7 +22,7 @@ from agent.health.server import SnapshotStore
 from agent.health.snapshot import Snapshot
 from agent.health.status import render_status_doc, render_status_text, to_status_json
 from agent.health.statusclient import ask_agent
-from agent.health.statussock import StatusSocket, StatusSocketError
+from agent.health.statussock import StatusSocket, StatusSocketError, encoded_around
 from agent.rundir import RunDirError, process_start_time
 from tests.unit.health import samples
 from tests.unit.lockholders import NOBODY, needs_root, world_readable_dir
@@ -110,6 +110,26 @@ def test_serves_the_live_render_of_the_stored_snapshot_and_its_age(serving, run_
     assert later is not None and later["collected"]["age_seconds"] == 10.25
     assert later["taken_at"] == served["taken_at"] == "2026-01-01T00:00:00Z"
     assert server.served == 2
+
+
+@pytest.mark.parametrize("key", ["a", "b", "c"])
+def test_a_document_encoded_around_a_key_is_its_encoding(key: str) -> None:
+    doc = {"a": [1, {"x": "y"}], "b": {"c": None}, "c": "\"b\": 1"}
+    head, tail = encoded_around(doc, key)
+    assert head + json.dumps(doc[key]).encode() + tail == json.dumps(doc).encode()
+    one = {key: 5}
+    head, tail = encoded_around(one, key)
+    assert head + b"5" + tail == json.dumps(one).encode()
+
+
+def test_the_answer_is_the_status_document_encoded_whole(serving, run_dir) -> None:
+    _, store, clock = serving
+    snap = samples.degraded(tick_at=996.75)
+    store.set(snap)
+    for now, age in ((1000.0, 3.25), (1001.5, 4.75)):
+        clock.now = now
+        expected = to_status_json(snap, source="agent", pid=os.getpid(), age_seconds=age)
+        assert read_all(connect(run_dir)) == json.dumps(expected).encode() + b"\n"
 
 
 def test_no_snapshot_yet_is_no_answer(serving, run_dir) -> None:

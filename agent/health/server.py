@@ -34,6 +34,7 @@ from ..errors import KvagentError
 from ..log import get_logger
 from .exposition import MetricsBody
 from .snapshot import Snapshot
+from .wakeup import Waker, until_oldest_deadline
 
 log = get_logger("health.server")
 
@@ -264,6 +265,7 @@ class _Server:
         self._pending: dict[socket.socket, _Pending] = {}  # oldest first
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.socket, selectors.EVENT_READ)
+        self._waker = Waker(self._selector)
         self._workers = ThreadPoolExecutor(max_workers=WORKERS,
                                            thread_name_prefix="kvagent-health")
         self._queued = threading.BoundedSemaphore(max_connections)
@@ -271,14 +273,19 @@ class _Server:
         self._stopped = threading.Event()
         self._stopped.set()
 
-    def serve_forever(self, poll_interval: float = 0.25) -> None:
-        """Accept, read and dispatch until :meth:`shutdown`."""
+    def serve_forever(self) -> None:
+        """Accept, read and dispatch until :meth:`shutdown`; asleep while nothing comes
+        and no request is due."""
         self._stopped.clear()
         try:
             while not self._stop.is_set():
-                for key, _ in self._selector.select(timeout=poll_interval):
+                wait = until_oldest_deadline(self._pending, self.request_deadline,
+                                             time.monotonic())
+                for key, _ in self._selector.select(timeout=wait):
                     if key.fileobj is self.socket:
                         self._accept()
+                    elif key.data is self._waker:
+                        self._waker.drain()
                     else:
                         self._read(key.fileobj)  # type: ignore[arg-type]
                 self._reap(time.monotonic())
@@ -288,6 +295,7 @@ class _Server:
     def shutdown(self) -> None:
         """Stop :meth:`serve_forever` and wait for it."""
         self._stop.set()
+        self._waker.wake()
         self._stopped.wait()
 
     def server_close(self) -> None:
@@ -295,6 +303,7 @@ class _Server:
         for conn in list(self._pending):
             self._drop(conn)
         self._selector.close()
+        self._waker.close()
         self.socket.close()
         self._workers.shutdown(wait=False, cancel_futures=True)
 
@@ -433,7 +442,6 @@ class HealthServer:
         """Serve in a daemon thread; returns self."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._httpd.serve_forever,
-                                            kwargs={"poll_interval": 0.25},
                                             name="kvagent-health", daemon=True)
             self._thread.start()
             log.info("health endpoint listening", host=self.host, port=self.port)

@@ -40,6 +40,7 @@ from .server import SnapshotStore
 from .snapshot import Snapshot
 from .status import to_status_json
 from .statusclient import peer_credentials, socket_path, trusted_uid
+from .wakeup import Waker, until_oldest_deadline
 
 log = get_logger("health.statussock")
 
@@ -51,8 +52,8 @@ MAX_CLIENTS = 8
 SEND_DEADLINE = 2.0
 #: Connections the kernel holds for the thread to accept.
 LISTEN_BACKLOG = 16
-#: Seconds between looks at the stop flag.
-POLL = 0.25
+#: Seconds the thread pauses after an unexpected error before it serves again.
+ERROR_PAUSE = 0.25
 
 
 class StatusSocketError(KvagentError):
@@ -104,6 +105,7 @@ class StatusSocket:
         self._sock, self._made = self._bind()
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._sock, selectors.EVENT_READ)
+        self._waker = Waker(self._selector)
         self._answers: dict[socket.socket, _Answer] = {}  # oldest first
         #: The last snapshot served and its JSON around the "collected" value.
         self._cached: tuple[Snapshot, bytes, bytes] | None = None
@@ -192,6 +194,7 @@ class StatusSocket:
     def shutdown(self) -> None:
         """Stop serving, close every connection and remove the socket (twice is harmless)."""
         self._stop.set()
+        self._waker.wake()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -199,6 +202,7 @@ class StatusSocket:
             self._drop(conn)
         if self._sock.fileno() != -1:
             self._selector.close()
+            self._waker.close()
             self._sock.close()
             self._remove_file()
 
@@ -211,15 +215,19 @@ class StatusSocket:
     def _serve(self) -> None:
         while not self._stop.is_set():
             try:
-                for key, _ in self._selector.select(timeout=POLL):
+                wait = until_oldest_deadline(self._answers, self.send_deadline,
+                                             time.monotonic())
+                for key, _ in self._selector.select(timeout=wait):
                     if key.fileobj is self._sock:
                         self._accept()
+                    elif key.data is self._waker:
+                        self._waker.drain()
                     else:
                         self._write(key.fileobj)  # type: ignore[arg-type]
                 self._reap(time.monotonic())
             except Exception as exc:  # a bug must not end the thread silently
                 log.error("status socket failed", error=f"{type(exc).__name__}: {exc}")
-                time.sleep(POLL)
+                time.sleep(ERROR_PAUSE)
 
     def _accept(self) -> None:
         for _ in range(LISTEN_BACKLOG):

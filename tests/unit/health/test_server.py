@@ -410,3 +410,29 @@ def test_two_thousand_slow_connections_from_an_unprivileged_user(tmp_path) -> No
     # the loop's own: up to MAX_CONNECTIONS waiting and as many queued for a worker
     assert fds_during - fds_before <= MAX_CONNECTIONS * 2 + 16
     assert threads - threads_before <= WORKERS + 4
+
+
+def test_an_idle_server_thread_sleeps_until_a_connection_or_its_deadline() -> None:
+    """No polling: an idle server's select does not return for a second; a connection that
+    sends nothing wakes it at its deadline; a stop wakes it at once."""
+    server = fresh(SnapshotStore(), request_deadline=0.3)
+    returned = []
+    real = server._httpd._selector.select
+
+    def counting(timeout=None):
+        found = real(timeout)
+        returned.append((timeout, len(found)))
+        return found
+
+    server._httpd._selector.select = counting
+    try:
+        time.sleep(1.0)
+        assert returned == []  # (it was asleep in select before the count began)
+        s = raw(server, b"")
+        s.settimeout(10)
+        assert s.recv(1) == b""  # cut at the deadline, without a byte sent
+        assert any(timeout is not None and timeout <= 0.3 for timeout, _ in returned)
+        s.close()
+    finally:
+        server.shutdown()
+    assert server._thread is None

@@ -242,6 +242,29 @@ def test_a_client_that_does_not_read_is_cut_at_the_deadline(run_dir: Path) -> No
         assert server.served == 1
 
 
+def test_an_idle_socket_thread_sleeps_until_a_client_or_its_deadline(run_dir: Path) -> None:
+    """No polling: idle, its select does not return for a second; a client that does not
+    read is cut at the deadline (the test above); a stop wakes it at once."""
+    server = StatusSocket(run_dir, SnapshotStore(samples.healthy()), send_deadline=0.3)
+    returned = []
+    real = server._selector.select
+
+    def counting(timeout=None):
+        found = real(timeout)
+        returned.append((timeout, len(found)))
+        return found
+
+    server._selector.select = counting
+    server.start()
+    try:
+        time.sleep(1.0)
+        assert returned == []
+        assert ask_agent(run_dir, me()) is not None
+    finally:
+        server.shutdown()
+    assert server._thread is None and server.served == 1
+
+
 def test_many_clients_are_bounded(run_dir: Path) -> None:
     snap = big()
     with StatusSocket(run_dir, SnapshotStore(snap), max_clients=4,

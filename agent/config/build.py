@@ -8,7 +8,6 @@ field path, so every error names exactly the field that is wrong.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import types
 import typing
 from collections.abc import Iterable, Iterator, Sequence
@@ -177,6 +176,8 @@ class Builder:
         failed = False
         for key in value:
             if key not in plan.known:
+                import difflib  # only for a mistake: not on every start
+
                 hint = difflib.get_close_matches(str(key), sorted(plan.known), n=1)
                 suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
                 self.problem(

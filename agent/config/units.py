@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal, InvalidOperation
 
 #: The largest byte count kvagent takes: the kernel's file and device sizes are signed
 #: 64-bit (loff_t), so anything larger overflows there (or in nvmet's configfs).
@@ -32,7 +31,8 @@ _SIZE_UNITS = {
     "tib": 1024**4,
     "pib": 1024**5,
 }
-_DURATION_UNITS = {"ms": Decimal("0.001"), "s": 1, "m": 60, "h": 3600, "d": 86400}
+#: Each duration unit as a fraction of seconds (numerator, denominator).
+_DURATION_UNITS = {"ms": (1, 1000), "s": (1, 1), "m": (60, 1), "h": (3600, 1), "d": (86400, 1)}
 _NUMBER_UNIT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -56,14 +56,17 @@ def parse_size(value: object) -> int:
             f"{value!r} is not a size; use a number with a unit: "
             "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB"
         )
-    try:
-        number = Decimal(m.group(1))
-    except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
-        raise ValueError(f"{value!r} is not a number") from exc
-    total = number * _SIZE_UNITS[m.group(2).lower()]
-    if total != total.to_integral_value():
+    numerator, denominator = _exact(m.group(1))
+    total, part = divmod(numerator * _SIZE_UNITS[m.group(2).lower()], denominator)
+    if part:
         raise ValueError(f"{value!r} is not a whole number of bytes")
-    return _at_most_max_bytes(int(total), value)
+    return _at_most_max_bytes(total, value)
+
+
+def _exact(number: str) -> tuple[int, int]:
+    """A decimal numeral (``1.5``) as an exact fraction: (15, 10)."""
+    whole, _, fraction = number.partition(".")
+    return int(whole + fraction), 10 ** len(fraction)
 
 
 def _at_most_max_bytes(n: int, written: object) -> int:
@@ -88,8 +91,10 @@ def parse_duration(value: object) -> float:
     unit = m.group(2).lower() if m else ""
     if not m or (unit and unit not in _DURATION_UNITS):
         raise ValueError(f"{value!r} is not a duration; use a number with ms, s, m, h or d")
-    return _at_most_max_seconds(float(Decimal(m.group(1)) * (_DURATION_UNITS[unit] if unit
-                                                              else 1)), value)
+    numerator, denominator = _exact(m.group(1))
+    times, per = _DURATION_UNITS[unit] if unit else (1, 1)
+    # int / int is the correctly rounded float of the exact quotient
+    return _at_most_max_seconds(numerator * times / (denominator * per), value)
 
 
 def _at_most_max_seconds(seconds: float, written: object) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -45,6 +47,35 @@ def test_binary_units_are_exact(n: int, unit: str) -> None:
             parse_size(f"{n}{unit}")
     else:
         assert parse_size(f"{n}{unit}") == n * factor
+
+
+_NUMERALS = st.tuples(st.integers(0, 10**15), st.text("0123456789", max_size=12)).map(
+    lambda t: f"{t[0]}.{t[1]}" if t[1] else str(t[0]))
+
+
+@given(_NUMERALS, st.sampled_from(["ms", "s", "m", "h", "d", ""]))
+def test_a_duration_is_the_correctly_rounded_exact_value(number: str, unit: str) -> None:
+    exact = Fraction(number) * {"ms": Fraction(1, 1000), "s": 1, "m": 60, "h": 3600,
+                                "d": 86400, "": 1}[unit]
+    if exact > 2**31 - 1:
+        with pytest.raises(ValueError, match="longest timeout"):
+            parse_duration(number + unit)
+    else:
+        assert parse_duration(number + unit) == float(exact)
+
+
+@given(_NUMERALS, st.sampled_from(["B", "kB", "GB", "KiB", "TiB"]))
+def test_a_size_is_the_exact_value_or_refused(number: str, unit: str) -> None:
+    exact = Fraction(number) * {"B": 1, "kB": 1000, "GB": 1000**3, "KiB": 1024,
+                                "TiB": 1024**4}[unit]
+    if exact.denominator != 1:
+        with pytest.raises(ValueError, match="whole number of bytes"):
+            parse_size(number + unit)
+    elif exact > 2**63 - 1:
+        with pytest.raises(ValueError, match="largest size"):
+            parse_size(number + unit)
+    else:
+        assert parse_size(number + unit) == exact
 
 
 @pytest.mark.parametrize("nqn", [

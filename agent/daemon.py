@@ -404,9 +404,9 @@ class Agent:
             daemonfiles.unregister_daemon(self.run_dir)
             raise
         self._start_status_socket()
-        udev = UdevFeed(self.events)
-        udev.start()
         watch = ControllerWatch(self.events, Path(self.cfg.node.sysfs))
+        udev = UdevFeed(self.events, on_controller=watch.relist)
+        udev.start()
         watch.start()
         progress.beat()
         supervisor = WatchdogSupervisor(self.notifier).start()

@@ -118,6 +118,8 @@ def _appeared(event: DeviceEvent) -> bool:
 
 #: How often :class:`ControllerWatch` reads the controllers' states.
 WATCH_PERIOD = 0.5
+#: Looks between two listings of ``class/nvme`` when no udev event asks for one (10 s).
+RELIST_EVERY = 20
 
 #: The udev monitor socket's receive buffer (systemd's own monitors ask 128 MiB): the
 #: default (about 200 KiB) held 153 of a 256-event storm on the real kernel under TCG.
@@ -167,10 +169,13 @@ class Batcher:
 
 class UdevFeed:
     """Puts a :class:`DeviceEvent` on the loop's queue for each udev event that matters
-    (if pyudev and a udev netlink socket are there; else the full passes only)."""
+    (if pyudev and a udev netlink socket are there; else the full passes only), and calls
+    ``on_controller`` (from its thread) when a controller is added or removed."""
 
-    def __init__(self, events: queue.SimpleQueue[Any]):
+    def __init__(self, events: queue.SimpleQueue[Any],
+                 on_controller: Callable[[], None] | None = None):
         self.events = events
+        self.on_controller = on_controller
         self._observer: Any = None
 
     def _on_device(self, device: Any) -> None:
@@ -180,8 +185,12 @@ class UdevFeed:
         except Exception as exc:  # a device gone while read: nothing to act on
             log.debug("udev event not read", error=str(exc))
             return
-        if event is not None:
-            self.events.put(event)
+        if event is None:
+            return
+        if (event.kind == "controller" and event.action in ("add", "remove")
+                and self.on_controller is not None):
+            self.on_controller()
+        self.events.put(event)
 
     def start(self) -> None:
         try:
@@ -230,11 +239,14 @@ class ControllerWatch:
     """Puts a ``controller`` :class:`DeviceEvent` on the loop's queue when a controller's
     state changes (the kernel sends no event when a connection drops).
 
-    A look costs one listing of ``class/nvme`` and one ``pread`` per controller: each
-    controller's ``state`` file is opened once and kept open (sysfs answers a read at
-    offset 0 afresh); its ``subsysnqn`` is read once, when it is first seen. A read that
-    fails is a controller removed, perhaps its name taken by a new one since: the file
-    is closed and the name looked at again as new.
+    A look costs one ``pread`` per controller: each controller's ``state`` file is opened
+    once and kept open (sysfs answers a read at offset 0 afresh); its ``subsysnqn`` is
+    read once, when it is first seen. A read that fails is a controller removed, perhaps
+    its name taken by a new one since: the file is closed and the name looked at again as
+    new. ``class/nvme`` is listed at the first look, at the next look after
+    :meth:`relist` (the udev feed calls it when a controller is added or removed) and
+    every :data:`RELIST_EVERY` looks (the bound on a lost udev event); listing it at
+    every look was a third of an idle agent's watch.
     """
 
     def __init__(self, events: queue.SimpleQueue[Any], sysfs: Path, *,
@@ -244,12 +256,24 @@ class ControllerWatch:
         self._thread: threading.Thread | None = None
         #: controller name -> (its open state file, whether it is a discovery controller)
         self._open: dict[str, tuple[int, bool]] = {}
+        self._listing_due = True  # set by any thread, cleared before the listing
+        self._looks_since_listing = 0
+
+    def relist(self) -> None:
+        """List the controllers again at the next look (any thread)."""
+        self._listing_due = True
 
     def states(self) -> dict[str, str]:
         """Each controller's state, discovery controllers left out."""
-        names = _controller_names(self.sysfs)
-        for gone in set(self._open) - names:
-            os.close(self._open.pop(gone)[0])
+        self._looks_since_listing += 1
+        if self._listing_due or self._looks_since_listing >= RELIST_EVERY:
+            self._listing_due = False
+            self._looks_since_listing = 0
+            names = _controller_names(self.sysfs)
+            for gone in set(self._open) - names:
+                os.close(self._open.pop(gone)[0])
+        else:
+            names = set(self._open)
         states: dict[str, str] = {}
         for name in names:
             for _ in range(2):  # a second time: the name may be a new controller's now

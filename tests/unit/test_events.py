@@ -213,9 +213,51 @@ def test_the_watch_keeps_each_state_file_open(tmp_path: Path, monkeypatch) -> No
     (base / "nvme1" / "state").write_text("connecting\n")
     assert watch.states() == {"nvme0": "live", "nvme1": "connecting", "nvme2": "live"}
     assert opened == []
-    shutil.rmtree(base / "nvme2")  # removed: its file is closed
+    shutil.rmtree(base / "nvme2")  # removed (its udev event relists): its file is closed
+    watch.relist()
     assert watch.states() == {"nvme0": "live", "nvme1": "connecting"}
     assert set(watch._open) == {"nvme0", "nvme1"}
+    watch.close()
+
+
+def test_the_watch_lists_the_controllers_when_told_or_at_its_bound(tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    """A look is no listing of class/nvme: a controller's add or remove event asks for
+    one (the udev feed calls relist), and every RELIST_EVERY looks there is one anyway."""
+    import agent.events
+    from agent.events import RELIST_EVERY, ControllerWatch, UdevFeed
+
+    base = tmp_path / "class" / "nvme"
+    (base / "nvme0").mkdir(parents=True)
+    (base / "nvme0" / "state").write_text("live\n")
+    watch = ControllerWatch(queue.SimpleQueue(), tmp_path)
+    listed: list[str] = []
+    real_listdir = os.listdir
+    monkeypatch.setattr(agent.events.os, "listdir",
+                        lambda path: listed.append(path) or real_listdir(path))
+    assert watch.states() == {"nvme0": "live"} and len(listed) == 1  # the first look
+    (base / "nvme1").mkdir()
+    (base / "nvme1" / "state").write_text("live\n")
+    for _ in range(RELIST_EVERY - 1):
+        assert watch.states() == {"nvme0": "live"}
+    assert len(listed) == 1
+    assert watch.states() == {"nvme0": "live", "nvme1": "live"}  # the bound
+    assert len(listed) == 2
+
+    class Device:
+        subsystem, action, sys_name, properties = "nvme", "add", "nvme2", {}
+
+    (base / "nvme2").mkdir()
+    (base / "nvme2" / "state").write_text("connecting\n")
+    feed = UdevFeed(queue.SimpleQueue(), on_controller=watch.relist)
+    feed._on_device(Device())
+    assert feed.events.get_nowait() == DeviceEvent("controller", "add", "nvme2")
+    assert watch.states() == {"nvme0": "live", "nvme1": "live", "nvme2": "connecting"}
+    assert len(listed) == 3
+    Device.action = "change"  # a change is no new controller: no listing
+    feed._on_device(Device())
+    watch.states()
+    assert len(listed) == 3
     watch.close()
 
 

@@ -46,7 +46,7 @@ from ..system.xfsquota import QuotaOps, XfsQuota
 from ..target.desired import pool_layout
 from ..target.reconcile import nvmet_fs
 from .engineusage import engine_usages
-from .smart import read_local_drives
+from .smart import local_controllers, read_local_drives
 from .snapshot import (
     ApplySummary,
     ControllerHealth,
@@ -69,9 +69,11 @@ class Topology:
     """What a collect reads that changes only with an event, a pass of the agent, or by
     hand in configfs (see the module's docstring): the target pools' health, the
     initiator records, the controllers, each recorded subsystem's namespaces (by NQN)
-    and I/O policy, each pool's probe summary."""
+    and I/O policy, each pool's probe summary; the local (PCIe) NVMe controllers, whose
+    smart-logs a collect reads (None: not read with it)."""
 
     target: tuple[PoolHealth, ...] = ()
+    local_drives: tuple[Path, ...] | None = None
     state: Mapping[str, PoolAttachment] = field(default_factory=dict)
     controllers: tuple[Controller, ...] = ()
     heads: Mapping[str, Mapping[int, NamespaceHead]] = field(default_factory=dict)
@@ -80,17 +82,19 @@ class Topology:
 
 
 def read_topology(cfg: Config, *, fs: nvmet.ConfigFS | None = None,
-                  sysfs: Sysfs | None = None) -> Topology:
-    """The host's :class:`Topology`, read now."""
+                  sysfs: Sysfs | None = None, drives: bool = True) -> Topology:
+    """The host's :class:`Topology`, read now (the local drives' controllers too, unless
+    ``drives`` is false)."""
     sysfs = sysfs or Sysfs(cfg.node.sysfs)
     target = (tuple(_target_pools(cfg, fs)) if cfg.target is not None and cfg.target.pools
               else ())
+    local = tuple(local_controllers(cfg.node.sysfs)) if drives else None
     if cfg.initiator is None:
-        return Topology(target)
+        return Topology(target, local)
     state = _safe_initiator_state(cfg)
     nqns = {s.subsysnqn for r in state.values() for s in r.subsystems}
     return Topology(
-        target, state, tuple(sysfs.controllers()) if state else (),
+        target, local, state, tuple(sysfs.controllers()) if state else (),
         {nqn: sysfs.subsystem_namespaces(nqn) for nqn in nqns},
         {sub.nqn: sub.iopolicy for nqn in nqns for sub in sysfs.subsystems_of(nqn)},
         {p.name: _probe_summary(cfg, p.name) for p in cfg.initiator.pools})
@@ -109,7 +113,8 @@ def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
     of has happened since; read now when None. ``quota``, ``mountinfo`` and
     ``shut_down`` (whether a mounted xfs shut down) are seams for tests: engines' usage
     comes from xfs project quotas where the mount table shows them on."""
-    topo = topology if topology is not None else read_topology(cfg, fs=fs, sysfs=sysfs)
+    topo = (topology if topology is not None
+            else read_topology(cfg, fs=fs, sysfs=sysfs, drives=drives))
     quota = quota or XfsQuota()
     pools: list[PoolHealth] = list(topo.target)
     controllers: list[ControllerHealth] = []
@@ -124,7 +129,8 @@ def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
     found_drives = ()
     if drives:
         try:
-            found_drives = tuple(read_local_drives(runner, sysfs=cfg.node.sysfs))
+            found_drives = tuple(read_local_drives(runner, sysfs=cfg.node.sysfs,
+                                                   controllers=topo.local_drives))
         except (KvagentError, OSError) as exc:
             log.warning("cannot read local drives", error=str(exc))
     if last_apply is None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -177,14 +177,16 @@ def local_controllers(sysfs: str | Path = "/sys") -> list[Path]:
 
 
 def read_local_drives(runner: Runner, *, sysfs: str | Path = "/sys", dev: str | Path = "/dev",
-                      timeout: float = SMART_LOG_TIMEOUT) -> tuple[DriveHealth, ...]:
+                      timeout: float = SMART_LOG_TIMEOUT,
+                      controllers: Sequence[Path] | None = None) -> tuple[DriveHealth, ...]:
     """The health of every local NVMe drive, one ``nvme smart-log`` each.
 
-    A drive whose log cannot be read is returned with ``error`` set (never dropped,
-    never healthy).
+    ``controllers``: :func:`local_controllers` as read before (a hot-plug is a udev
+    event, after which the agent reads them again); None: read now. A drive whose log
+    cannot be read is returned with ``error`` set (never dropped, never healthy).
     """
     drives = []
-    for ctrl in local_controllers(sysfs):
+    for ctrl in local_controllers(sysfs) if controllers is None else controllers:
         device = f"{Path(dev)}/{ctrl.name}"
         ident = {"model": _read(ctrl / "model") or None, "serial": _read(ctrl / "serial") or None,
                  "firmware": _read(ctrl / "firmware_rev") or None}

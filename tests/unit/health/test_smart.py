@@ -184,3 +184,35 @@ def test_timeout_and_garbage_become_unhealthy_drives(tmp_path) -> None:
 def test_no_nvme_class_means_no_drives(tmp_path) -> None:
     assert local_controllers(tmp_path) == []
     assert read_local_drives(FakeRunner(), sysfs=tmp_path) == ()
+
+
+def test_a_collect_with_a_topology_reads_the_drives_it_found_without_a_listing(
+        tmp_path, monkeypatch) -> None:
+    """The local controllers are part of the topology: a periodic collect reading the
+    topology of the last event or pass asks their smart-logs without listing class/nvme
+    and reading every (fabrics) controller's transport again."""
+    from agent.config import parse_config
+    from agent.health import collect as collect_module
+
+    sysfs = make_sysfs(tmp_path / "sys", {
+        "nvme0": {"transport": "pcie", "model": "QEMU NVMe Ctrl", "serial": "KVTEST0"},
+        **{f"nvme{i}": {"transport": "tcp"} for i in range(1, 9)},
+    })
+    cfg = parse_config(f"version: 1\nnode: {{name: unit, sysfs: {sysfs}, "
+                       f"state_dir: {tmp_path}/state, run_dir: {tmp_path}/run}}\n")
+    topo = collect_module.read_topology(cfg)
+    assert topo.local_drives == (sysfs / "class" / "nvme" / "nvme0",)
+    assert collect_module.read_topology(cfg, drives=False).local_drives is None
+    runner = FakeRunner()
+    runner.on(["nvme", "smart-log", "/dev/nvme0"], stdout=load("nvme-cli-2.3-qemu.json"))
+    listed: list[object] = []
+    real = collect_module.local_controllers
+    monkeypatch.setattr(collect_module, "local_controllers",
+                        lambda root: listed.append(root) or real(root))
+    import agent.health.smart as smart_module
+    monkeypatch.setattr(smart_module, "local_controllers",
+                        lambda root: listed.append(root) or real(root))
+    snap = collect_module.collect(cfg, runner, topology=topo)
+    assert [d.device for d in snap.drives] == ["/dev/nvme0"] and listed == []
+    collect_module.collect(cfg, runner)  # no topology: read now, drives included
+    assert listed == [str(sysfs)]

@@ -103,6 +103,8 @@ ALLOWED: dict[str, tuple[frozenset[str], str]] = {
     "agent/health/statussock.py": (frozenset({"os.fchmod", "os.chmod", "os.unlink"}),
                                    "the daemon's status socket in the run dir (0600; a "
                                    "stale one of its own replaced, its own removed)"),
+    "agent/health/wakeup.py": (frozenset({"os.write"}),
+                               "a byte into the daemon's own wake pipe (a stop)"),
 }
 
 

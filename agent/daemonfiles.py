@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import KvagentError
-from .lock import LockHolder
+from .lockholder import LockHolder
 from .rundir import RunDirError, open_private_file, private_dir, process_alive, process_start_time
 
 DAEMON_RECORD = "daemon.json"

@@ -12,7 +12,6 @@ validated here first, so a broken edit gets the usual config error.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,6 +66,8 @@ def delegate_apply(cfg: Config, config_file: Path, *, wait: bool,
             f"edit {agent.config} and run 'kvagent -c {agent.config} apply' (or systemctl "
             "reload kvagent), or stop the agent first")
     request = new_request(cfg.node.run_dir, wait=wait, rebind=rebind)
+    import signal
+
     try:
         os.kill(agent.pid, signal.SIGHUP)
     except ProcessLookupError:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..lock import LockHolder
+from ..lockholder import LockHolder
 
 PoolRole = Literal["target", "initiator"]
 PoolState = Literal["ok", "degraded", "failed"]

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
 from .. import __version__
-from ..lock import LockHolder
+from ..lockholder import LockHolder
 from ..text import table
 
 if TYPE_CHECKING:  # (rendering a document the agent sent needs none of them)

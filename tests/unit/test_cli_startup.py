@@ -46,3 +46,16 @@ def test_a_command_still_gets_what_it_uses() -> None:
     example = Path(__file__).resolve().parents[2] / "examples" / "storage-host.yaml"
     modules = modules_after("config", "validate", str(example))
     assert {"agent.config.model", "yaml"} <= modules
+
+
+def test_what_status_and_a_config_load_import_up_front() -> None:
+    """`kvagent status` asking the agent, and a config load, leave out the apply lock (and
+    its progress tracker), decimal (sizes are exact integer fractions) and difflib (only
+    for a mistyped key): each was a millisecond or two of every status start."""
+    late = {"agent.lock", "agent.progress", "decimal", "difflib", "agent.health.collect"}
+    out = subprocess.run([sys.executable, "-c", "import json, sys, agent.cli.status_cmd, "
+                          "agent.config.load; print(json.dumps(sorted(sys.modules)))"],
+                         capture_output=True, text=True, check=True).stdout
+    assert late & set(json.loads(out)) == set()
+    example = Path(__file__).resolve().parents[2] / "examples" / "storage-host.yaml"
+    assert late & modules_after("config", "validate", str(example)) == set()

@@ -649,7 +649,8 @@ class TargetPass:
                 key = (pool_nqn(self.cfg, name, vol.host), vol.nsid)
                 bound = records.bindings.get(key)
                 ns_path = f"subsystems/{key[0]}/namespaces/{key[1]}"
-                if (bound is not None and vol.size is not None and key in enabled
+                if (bound is not None and vol.size is not None and bound.size != vol.size
+                        and key in enabled
                         and (name, vol.key) not in skip and name not in failed
                         and not any(p.startswith(ns_path) for p in failed_paths)
                         and _same_id(bound.uuid, vol.uuid)):

@@ -267,10 +267,10 @@ def discovery_controllers() -> dict[str, str]:
     """Discovery controllers on this host: name -> host NQN."""
     out = {}
     for c in Path("/sys/class/nvme").iterdir():
-        try:  # a controller may go while read
+        try:  # a controller may go while read: ENOENT, or ENODEV while torn down
             if kit.read(c / "subsysnqn") == DISCOVERY_NQN:
                 out[c.name] = kit.read(c / "hostnqn")
-        except FileNotFoundError:
+        except OSError:
             continue
     return out
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import Config
@@ -36,7 +35,7 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
     storage side is not touched.
     """
     from .engines.handoff import forget, leftover_pools
-    from .initiator.reconcile import InitiatorPass, load_state
+    from .initiator.reconcile import InitiatorPass
     from .target.reconcile import TargetPass
 
     runner = runner or default_runner()
@@ -55,7 +54,7 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
         for pool in initiator.detach_removed():
             forget(cfg, pool, result, dry_run=dry_run)
         # What a pass killed between recording a detach and forgetting the pool left.
-        for pool in leftover_pools(cfg, load_state(Path(cfg.node.state_dir))):
+        for pool in leftover_pools(cfg, initiator.records()):
             forget(cfg, pool, result, dry_run=dry_run)
         try:
             TargetPass(cfg, runner, result, dry_run=dry_run, rebind=rebind).run()

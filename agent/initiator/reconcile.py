@@ -93,6 +93,15 @@ class InitiatorPass:
         #: each pool's record text as this pass last saved it (records are replaced,
         #: never changed, once in the state this pass saves)
         self._texts: dict[str, tuple[PoolAttachment, str]] = {}
+        self._records: dict[str, PoolAttachment] | None = None
+
+    def records(self) -> dict[str, PoolAttachment]:
+        """Every pool's attachment record: read from ``initiator.json`` once per pass (the
+        pass holds the apply lock, and every later change of it is this pass's own save,
+        made to this same dict first)."""
+        if self._records is None:
+            self._records = load_state(self.state_dir)
+        return self._records
 
     def _fail(self, pool: str | None, exc: Exception) -> None:
         if isinstance(exc, KvagentError):
@@ -115,7 +124,7 @@ class InitiatorPass:
         leave a mounted filesystem on a controller retrying forever, and umount would hang.
         Returns the pools detached.
         """
-        state = load_state(self.state_dir)
+        state = self.records()
         configured = {p.name for p in self.cfg.initiator.pools} if self.cfg.initiator else set()
         detached = []
         for name in sorted(set(state) - configured):
@@ -144,7 +153,7 @@ class InitiatorPass:
         pools = list(pools)
         if not pools:
             return []
-        state = load_state(self.state_dir)
+        state = self.records()
         if self.dry_run:
             ident = read_host_identity(self.cfg.node.nvme_dir)
             if not ident.hostnqn or not ident.hostid:

@@ -29,6 +29,9 @@ def test_detach_runs_before_the_target_unexports(tmp_path: Path,
             calls.append("initiator.detach")
             return []
 
+        def records(self) -> dict:
+            return {}
+
         def attach_configured(self) -> list:
             calls.append("initiator.attach")
             return []
@@ -64,6 +67,9 @@ def test_a_pass_forgets_what_a_killed_detach_left_of_a_pool(
         def detach_removed(self) -> list[str]:
             return []
 
+        def records(self) -> dict:
+            return {"kept": object()}
+
         def attach_configured(self) -> list:
             return []
 
@@ -83,7 +89,6 @@ def test_a_pass_forgets_what_a_killed_detach_left_of_a_pool(
             (state / sub).mkdir(exist_ok=True)
             (state / sub / f"{pool}.json").write_text("[]")
     monkeypatch.setattr(initiator_reconcile, "InitiatorPass", Initiator)
-    monkeypatch.setattr(initiator_reconcile, "load_state", lambda _d: {"kept": object()})
     cfg = parse_config(f"version: 1\nnode: {{name: n, state_dir: {state}, "
                        f"run_dir: {tmp_path}/run}}\n", "test.yaml")
     planned = reconcile.run_pass(cfg, dry_run=True)

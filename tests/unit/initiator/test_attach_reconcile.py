@@ -19,7 +19,7 @@ from agent.initiator.devices import UdevWaiter
 from agent.initiator.reconcile import InitiatorPass, load_state, merge_record
 from agent.initiator.sysfs import Sysfs
 from agent.naming import filesystem_uuid
-from agent.records import PoolAttachment, SubsystemPath
+from agent.records import InitiatorRecords, PoolAttachment, SubsystemPath
 from agent.result import RunResult
 from nvmet.ids import namespace_uuid
 
@@ -159,6 +159,25 @@ def test_a_converged_pass_reads_each_subsystem_once_and_starts_no_process(
     again = run(host, pools)
     assert again.ok and not again.changed, again.actions
     assert reads == [NQN]
+
+
+def test_a_pass_reads_the_attachment_records_once(
+        host: FakeHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Detach and attach share one reading of ``initiator.json`` (the pass's own saves
+    change that same copy): a pass that drops one pool and keeps another reads it once,
+    and the record it leaves is what it did."""
+    host.exports = [Export(NQN, [1]), Export(f"{PREFIX}:store1:kept:gpu0", [1], traddr="10.0.0.2")]
+    kept = pool_yaml(host, name="kept", engines="").replace("10.0.0.1", "10.0.0.2")
+    assert run(host, pool_yaml(host, name="kv", engines="") + kept).ok
+    loads: list[object] = []
+    real = InitiatorRecords.load
+    monkeypatch.setattr(InitiatorRecords, "load",
+                        staticmethod(lambda d: loads.append(d) or real(d)))
+    result = run(host, kept)
+    assert result.ok, result.errors
+    assert len(loads) == 1
+    assert kinds(result) == ["umount", "nvme.disconnect", "rmdir", "rmdir"]  # kv's only
+    assert set(state(host)) == {"kept"}
 
 
 def test_list_ns_asks_the_controller_when_sysfs_lacks_a_recorded_namespace(

@@ -18,6 +18,7 @@ from ...result import ActionRecord, RunResult
 from ...system.mountusers import MountUser, mount_users
 from ...system.run import Runner
 from ..filesystem import XfsSuperblock, read_xfs_superblock
+from ..kernel_quirks import thp_mode
 from ..mounts import MOUNTINFO, device_number
 from ..nvme.cli import NvmeCli
 from ..striped import volume_slaves
@@ -40,6 +41,7 @@ class HostSeams:
     shut_down: Callable[[str], bool] = is_shut_down
     geometry: Callable[[str], Geometry] = geometry
     users: Callable[[str], list[MountUser]] = mount_users
+    thp: Callable[[], str | None] = thp_mode
 
 
 def _nothing() -> None:
@@ -62,6 +64,14 @@ class StageContext:
     cli: NvmeCli
     seams: HostSeams
     checkpoint: Callable[[], None] = field(default=_nothing)
+    _thp: list[str | None] = field(default_factory=list, repr=False)
+
+    def thp_mode(self) -> str | None:
+        """The host's transparent-huge-page mode (:func:`~..kernel_quirks.thp_mode`),
+        read once per pass: every pool's discovery asks, and the answer is host-wide."""
+        if not self._thp:
+            self._thp.append(self.seams.thp())
+        return self._thp[0]
 
     def act(self, pool: str | None, kind: str, subject: str, detail: str = "",
             status: str | None = None) -> None:

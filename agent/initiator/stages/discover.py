@@ -18,7 +18,7 @@ from ...log import get_logger
 from ...naming import parse_subsystem_nqn
 from ...records import SubsystemPath
 from ..connect import pool_entries
-from ..kernel_quirks import loopback_tcp_warning, thp_mode
+from ..kernel_quirks import loopback_tcp_warning
 from .context import StageContext
 from .tlskeys import ensure_psk
 
@@ -41,7 +41,7 @@ def pool_paths(ctx: StageContext, pool: InitiatorPool, hostnqn: str,
                 f"after discovery; not possible to check now: {exc.message}")
         return None
     _check_shared(ctx, pool, paths)
-    thp = thp_mode()
+    thp = ctx.thp_mode()
     for a in paths:
         warning = loopback_tcp_warning(a.address.transport, a.address.traddr, thp)
         if warning and warning not in _WARNED:  # once a process, not each pool each pass

@@ -135,6 +135,9 @@ class FakeHost:
         self.fs_bytes: dict[str, int] = {}
         #: processes using a mount (what /proc would show)
         self.users: dict[str, list[MountUser]] = {}
+        #: the transparent-huge-page mode, and how often it was read
+        self.thp = "madvise"
+        self.thp_reads = 0
 
     # ------------------------------------------------------------ wiring
     @property
@@ -147,7 +150,11 @@ class FakeHost:
                          superblock=lambda d: self.superblocks.get(d),
                          volume_slaves=self.volume_slaves, wallclock=lambda: 1e9 + self.now,
                          shut_down=lambda m: m in self.shutdown, geometry=self.geometry,
-                         users=lambda m: self.users.get(m, []))
+                         users=lambda m: self.users.get(m, []), thp=self.read_thp)
+
+    def read_thp(self) -> str:
+        self.thp_reads += 1
+        return self.thp
 
     def geometry(self, mount: str) -> Geometry:
         if mount in self.shutdown:  # as on 6.1: opening its root fails

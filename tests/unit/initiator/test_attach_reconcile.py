@@ -180,6 +180,18 @@ def test_a_pass_reads_the_attachment_records_once(
     assert set(state(host)) == {"kept"}
 
 
+def test_a_pass_reads_the_huge_page_mode_once(host: FakeHost) -> None:
+    """The transparent-huge-page mode (for the loopback NVMe/TCP warning) is the host's:
+    a pass of two pools reads it once, not once per pool."""
+    host.exports = [Export(NQN, [1]), Export(f"{PREFIX}:store1:kept:gpu0", [1], traddr="10.0.0.2")]
+    kept = pool_yaml(host, name="kept", engines="").replace("10.0.0.1", "10.0.0.2")
+    pools = pool_yaml(host, name="kv", engines="") + kept
+    for _ in range(2):  # the attaching pass and a converged one
+        before = host.thp_reads
+        assert run(host, pools).ok
+        assert host.thp_reads - before == 1
+
+
 def test_list_ns_asks_the_controller_when_sysfs_lacks_a_recorded_namespace(
         host: FakeHost) -> None:
     pools = pool_yaml(host, subsystem=NQN)

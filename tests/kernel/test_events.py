@@ -264,12 +264,12 @@ def more_pools(lab: Lab, names: list[str]) -> Path:
 
 
 def discovery_controllers() -> dict[str, str]:
-    """Discovery controllers on this host: name -> host NQN."""
+    """Discovery controllers on this host: name -> host NQN (one torn down while read is
+    left out)."""
     out = {}
-    for c in Path("/sys/class/nvme").iterdir():
-        try:  # a controller may go while read: ENOENT, or ENODEV while torn down
-            if kit.read(c / "subsysnqn") == DISCOVERY_NQN:
-                out[c.name] = kit.read(c / "hostnqn")
+    for c in kit.controllers_for(DISCOVERY_NQN):
+        try:  # ENOENT once gone, ENODEV while torn down
+            out[c.name] = kit.read(c / "hostnqn")
         except OSError:
             continue
     return out

@@ -1,5 +1,5 @@
 """``python -m agent`` runs the kvagent command line."""
 
-from agent.cli.main import main
+from agent.cli.main import entry
 
-main()
+entry()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -113,3 +114,41 @@ COMMANDS = {
     "status": "status_cmd:status",
     "target": "target_cmd:target_group",
 }
+
+
+def entry() -> None:
+    """The ``kvagent`` process (its console script and ``python -m agent``): runs
+    :func:`main`, then ends the process without the interpreter's teardown.
+
+    Freeing every module and object one by one is about a tenth of a short command's
+    wall time (``kvagent status``, ``--version``) and does nothing for the operator. What
+    a normal exit does that matters still happens first: the exit functions run (logging
+    flushes its handlers) and stdout and stderr are flushed. A normal exit is kept
+    where it could differ: another thread still alive (the interpreter would wait for
+    it), an exit code that is not a number (click prints it), or a stream that cannot be
+    flushed (a closed pipe: the interpreter reports it as it always did).
+    """
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code if exc.code is not None else 0
+        if not isinstance(code, int) or not _ready_to_leave():
+            raise
+        os._exit(code)
+
+
+def _ready_to_leave() -> bool:
+    """Run the exit functions and flush stdout and stderr; False if the process should
+    exit the normal way instead (another thread alive, a stream that will not flush)."""
+    import atexit
+    import threading
+
+    if threading.active_count() > 1:
+        return False
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return False
+    return True

@@ -59,3 +59,53 @@ def test_what_status_and_a_config_load_import_up_front() -> None:
     assert late & set(json.loads(out)) == set()
     example = Path(__file__).resolve().parents[2] / "examples" / "storage-host.yaml"
     assert late & modules_after("config", "validate", str(example)) == set()
+
+
+#: Runs the kvagent process's entry with sys.argv[1:], after registering an exit function,
+#: an object that speaks when the interpreter frees it (the teardown) and, with --thread,
+#: a thread that outlives the command.
+ENTRY_PROBE = """
+import atexit, sys, threading, time
+class Speaks:
+    def __del__(self):
+        sys.stderr.write("teardown\\n")
+freed_at_teardown = Speaks()
+atexit.register(lambda: sys.stderr.write("exit function\\n"))
+if sys.argv[1] == "--thread":
+    del sys.argv[1]
+    threading.Thread(target=lambda: (time.sleep(0.5), sys.stderr.write("thread\\n"))).start()
+from agent.cli.main import entry
+sys.argv[0] = "kvagent"
+entry()
+"""
+
+
+def entry(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", ENTRY_PROBE, *argv], capture_output=True,
+                          text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+
+
+def test_the_process_ends_without_the_teardown_once_its_output_is_out() -> None:
+    """The exit functions run and every byte of stdout arrives (a pipe: block-buffered),
+    the same as with the interpreter's own exit; the exit code is the command's; the
+    teardown (freeing every object) is skipped."""
+    proc = entry("--help")
+    normal = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.argv[0] = 'kvagent'; "
+         "from agent.cli.main import main; main()", "--help"],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == normal.returncode == 0
+    assert proc.stdout == normal.stdout and "Usage: kvagent" in proc.stdout
+    assert proc.stderr == "exit function\n"
+    proc = entry("-c", "/nonexistent/kvagent.yaml", "status")
+    assert proc.returncode == 2, proc.stderr
+    assert "kvagent: " in proc.stderr and proc.stderr.endswith("exit function\n")
+    assert "teardown" not in proc.stderr
+
+
+def test_a_thread_still_running_gets_the_normal_exit() -> None:
+    """The interpreter waits for a live thread at exit; so does kvagent's process."""
+    proc = entry("--thread", "--version")
+    assert proc.returncode == 0 and "kvagent" in proc.stdout
+    assert proc.stderr.splitlines() == ["thread", "exit function", "teardown"]

@@ -9,7 +9,11 @@ namespaces; no filesystem, no engines). It measures, in one VM boot:
   cold        kvagent's pass (``run_pass``: storage + GPU side) from nothing
   floor       every file the converged pass reads, lists, stats or follows (traced
               from one converged pass), done once each by a minimal loop
-  converged   the same pass again, 3 rounds of (floor, converged pass): 0 configfs
+  compare     the floor's reads made again, each result compared with the one after the
+              last converged pass (a pass of that shape, which plans only when an
+              input changed, is not built: the figure is its cost against the floor),
+              with the results that differ between converged passes
+  converged   the same pass again, 3 rounds of (floor, compare, converged pass): 0 configfs
               writes and no change, asserted; wall and CPU time, time per part
               (storage side, GPU side, hand-off, records), every command it ran (none
               expected), and a cProfile of one more pass
@@ -226,6 +230,37 @@ def replay(ops: list[tuple[str, str]]) -> int:
     return n
 
 
+def read_results(ops: list[tuple[str, str]]) -> list[Any]:
+    """What each recorded read finds now: the bytes, the names, the ``stat`` fields that
+    tell a changed file, the link's target, or the errno."""
+    return [_result(op, path) for op, path in ops]
+
+
+def _result(op: str, path: str) -> Any:
+    try:
+        if op == "read":
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                return os.read(fd, 65536)
+            finally:
+                os.close(fd)
+        if op == "listdir":
+            return os.listdir(path)
+        if op in ("stat", "lstat"):
+            st = os.stat(path) if op == "stat" else os.lstat(path)
+            return (st.st_mode, st.st_ino, st.st_dev, st.st_uid, st.st_gid, st.st_size,
+                    st.st_mtime_ns)
+        return os.readlink(path)
+    except OSError as exc:
+        return exc.errno
+
+
+def replay_compare(ops: list[tuple[str, str]], want: list[Any]) -> list[tuple[str, str]]:
+    """The reads of ``ops`` made again, each result compared with ``want``: the reads
+    whose result differs."""
+    return [o for o, w in zip(ops, want, strict=True) if _result(*o) != w]
+
+
 def timed(fn: Any) -> float:
     t0 = time.perf_counter()
     fn()
@@ -292,9 +327,13 @@ def run(pools: int, per: int, attach: int, out: Path, drive: str,
         one_pass()
     row["floor_ops"] = trace.counts()
     replay(trace.ops)  # first-use costs
-    walls, cpus, commands, laps, floors = [], [], [], [], []
+    want = read_results(trace.ops)
+    replay_compare(trace.ops, want)
+    walls, cpus, commands, laps, floors, compares = [], [], [], [], [], []
+    differ: list[tuple[str, str]] = []
     for _ in range(ROUNDS):
         floors.append(timed(lambda: replay(trace.ops)))
+        compares.append(timed(lambda w=want: differ.extend(replay_compare(trace.ops, w))))
         runner = CountingRunner()
         with PhaseTimer() as timer:
             wall, cpu, res = one_pass(runner)
@@ -305,7 +344,12 @@ def run(pools: int, per: int, attach: int, out: Path, drive: str,
         walls.append(wall)
         cpus.append(cpu)
         commands.append(runner.calls)
+        want = read_results(trace.ops)  # what the next round compares with
     row["floor_s"] = statistics.median(floors)
+    row["compare"] = {"s": statistics.median(compares),
+                      "floor_ratio": statistics.median(c / f for c, f in zip(
+                          compares, floors, strict=True)),
+                      "differing": sorted(set(differ))}
     row["converged"] = {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus),
                         "walls": walls, "floors": floors,
                         "floor_ratio": statistics.median(w / f for w, f in zip(
@@ -480,6 +524,11 @@ def report(row: dict[str, Any]) -> str:
         + f"): {row['floor_s']:.2f} s (runs {', '.join(f'{f:.2f}' for f in v['floors'])}); "
         f"converged/floor {v['floor_ratio']:.2f} (median of the rounds' ratios)",
         "    of which " + ", ".join(f"{k} {s:.2f} s" for k, s in v["phases_s"].items()),
+        f"  compare (the floor's reads made again, each result compared with the last "
+        f"converged pass's; a pass that plans only when one differs is not built): "
+        f"{row['compare']['s']:.2f} s = {row['compare']['floor_ratio']:.2f} x the floor; "
+        f"results that differ between converged passes: "
+        + (", ".join(f"{op} {p}" for op, p in row["compare"]["differing"]) or "none"),
     ]
     a = row.get("apply_command")
     if a:

@@ -39,7 +39,6 @@ def _structlog() -> Any:
     if _pending[0] is None:
         return structlog
     verbosity, stream, json_lines = _pending[0]
-    _pending[0] = None
     renderer: Any = (structlog.processors.JSONRenderer() if json_lines
                      else structlog.dev.ConsoleRenderer(colors=False))
     level = logging.DEBUG if verbosity > 0 else logging.INFO
@@ -58,6 +57,10 @@ def _structlog() -> Any:
                         else lambda *_: structlog.PrintLogger(file=sys.stderr)),
         cache_logger_on_first_use=False,
     )
+    # Done only once configured: a structlog that cannot be configured (one too old for
+    # these processors) fails every log call alike, instead of logging from the second
+    # call on with structlog's defaults, on stdout, among the results.
+    _pending[0] = None
     return structlog
 
 

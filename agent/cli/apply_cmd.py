@@ -19,7 +19,6 @@ from .output import emit
 
 def _text(result: RunResult) -> str:
     lines = []
-    verb = "would" if result.dry_run else ""
     for a in result.actions:
         mark = {"planned": "+", "done": "✓", "failed": "✗", "skipped": "-"}[a.status]
         pool = f"[{a.role}/{a.pool}] " if a.pool else f"[{a.role}] "
@@ -35,16 +34,25 @@ def _text(result: RunResult) -> str:
     for e in result.errors:
         where = f"[{e.role}/{e.pool}] " if e.pool else f"[{e.role}] "
         lines.append(f"error: {where}{e.message}" + (f"\n  hint: {e.hint}" if e.hint else ""))
+    return "\n".join([*lines, summary(result)])
+
+
+def summary(result: RunResult) -> str:
+    """The last line of plan and apply: what changed, and "converged" only when nothing
+    did and nothing failed (an error means the pass did not finish its work)."""
     n = sum(1 for a in result.actions if a.status in ("planned", "done"))
-    if result.dry_run:
-        summary = f"{n} change(s) {verb} be made" if n else "nothing to change: converged"
+    if n:
+        line = f"{n} change(s) would be made" if result.dry_run else f"{n} change(s) made"
+    elif not result.ok:
+        line = "no change planned" if result.dry_run else "nothing changed"
     else:
-        summary = (f"{n} change(s) made" if n else "nothing changed: converged") + \
-            f"; {result.configfs_writes} configfs write(s)"
-    failed = sum(1 for a in result.actions if a.status == "failed")
-    if failed or result.errors:
-        summary += f"; {failed} failed action(s), {len(result.errors)} error(s)"
-    return "\n".join([*lines, summary])
+        line = "nothing to change: converged" if result.dry_run else "nothing changed: converged"
+    if not result.dry_run:
+        line += f"; {result.configfs_writes} configfs write(s)"
+    if not result.ok:
+        failed = sum(1 for a in result.actions if a.status == "failed")
+        line += f"; {failed} failed action(s), {len(result.errors)} error(s)"
+    return line
 
 
 @click.command("plan")

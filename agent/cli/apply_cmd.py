@@ -14,7 +14,8 @@ from ..reconcile import run_pass
 from ..result import RunResult
 from .context import load_cli_config
 from .delegate import delegate_apply
-from .output import emit
+from .output import emit, output_format
+from .progress_line import progress_line
 
 
 def _text(result: RunResult) -> str:
@@ -57,8 +58,13 @@ def summary(result: RunResult) -> str:
 
 @click.command("plan")
 def plan() -> None:
-    """Show what apply would change (nothing is changed). Exit 0 ok, 1 problems found."""
-    result = run_pass(load_cli_config(), dry_run=True)
+    """Show what apply would change (nothing is changed). Exit 0 ok, 1 problems found.
+
+    On a terminal, a line on stderr shows the step in flight while it reads the host.
+    """
+    cfg = load_cli_config()
+    with progress_line(output_format()):
+        result = run_pass(cfg, dry_run=True)
     emit(result.to_json(), lambda _: _text(result))
     sys.exit(0 if result.ok else 1)
 
@@ -99,6 +105,10 @@ def apply(ctx: click.Context, dry_run: bool, wait_lock: bool, rebind: tuple[str,
     prints its result and exit code. With another config file it refuses (exit
     2). --dry-run never involves the agent.
 
+    Applied here, on a terminal, a line on stderr shows the pass's step in flight
+    (pool, step, count), erased at the end; nothing is added to -o json or to a
+    stderr that is not a terminal.
+
     Exit 0 when everything applied, 1 when any action failed, 2 on a bad config.
     """
     cfg = load_cli_config()
@@ -112,7 +122,8 @@ def apply(ctx: click.Context, dry_run: bool, wait_lock: bool, rebind: tuple[str,
         path = config_path(ctx.find_root().obj.get("config_file"))
         result = delegate_apply(cfg, path, wait=wait_lock, rebind=rebind)
     if result is None:
-        result = run_pass(cfg, dry_run=dry_run, wait_for_lock=wait_lock, rebind=rebind,
-                          on_lock_wait=lock_wait_message("apply"))
+        with progress_line(output_format()):
+            result = run_pass(cfg, dry_run=dry_run, wait_for_lock=wait_lock, rebind=rebind,
+                              on_lock_wait=lock_wait_message("apply"))
     emit(result.to_json(), lambda _: _text(result))
     sys.exit(0 if result.ok else 1)

@@ -1,9 +1,9 @@
 """What a failed command reports: its message and hint on stderr and, with ``-o json``,
 one JSON object on stdout, so that a script reads a failure the way it reads a result.
 
-The object (docs/operations.md, "Errors as JSON")::
+The object (docs/operations.md, "Scripts: -o json and exit codes")::
 
-    {"error": "...", "kind": "config", "file": "/etc/kvagent/config.yaml", "line": 7,
+    {"error": "...", "kind": "config", "file": "/etc/kvagent/kvagent.yaml", "line": 7,
      "field": "initiator.pools[0].mount", "hint": null, "exit_code": 2,
      "problems": [{"file": ..., "line": ..., "field": ..., "message": ...}]}
 

@@ -1,5 +1,5 @@
 """A direct ``kvagent apply`` on a terminal: one line, rewritten in place, with the step in
-flight (``[7, 12s] llama70b: mkfs.xfs -f /dev/nvme1n1``), cleared at the end.
+flight (``[7, 12s] llama70b: mkfs.xfs -q -m uuid=... /dev/nvme1n1``), cleared at the end.
 
 A cold pass can take minutes (mkfs, discovery timeouts); without it the terminal showed
 nothing until the result. The steps are the ones every pass declares for the watchdog

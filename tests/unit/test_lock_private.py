@@ -179,7 +179,8 @@ def test_wait_reports_the_holder_once(tmp_path: Path) -> None:
 
     with apply_lock(tmp_path / "run", wait=True, timeout=30, on_wait=on_wait):
         pass
-    t.join()
+    t.join(30)
+    assert not t.is_alive(), "the lock holder's thread did not end"
     assert seen and all(h is not None and h.pid == os.getpid() for h in seen)
 
 

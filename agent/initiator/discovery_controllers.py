@@ -21,7 +21,7 @@ the kernel gives a freed ``nvme<N>`` to the next controller made, whoever makes 
 an admin's ``nvme disconnect-all`` the pass's data controller, or another tool's
 discovery controller, takes the name kvagent recorded). So each entry also records what
 the kernel gives that controller alone: the inode number of its sysfs directory
-(:meth:`~.sysfs.Sysfs.controller_instance`, never a later controller's in the same boot)
+(:meth:`~.sysfs.Sysfs.controller_inode`, never a later controller's in the same boot)
 and the boot's id; a recorded controller is kvagent's only while both match, and it is a
 discovery controller at the recorded address for the recorded host NQN. Anything else
 (gone, another's, another boot, or an entry from a kvagent that recorded no inode) is
@@ -118,9 +118,9 @@ def _entry(name: str, address: FabricsAddress, hostnqn: str | None, sysfs_ino: i
 def _identified(sysfs: Sysfs, name: str) -> Owned | None:
     """Controller ``name`` with the inode number of its sysfs directory, read before and
     after its attributes (the same both times: they are that controller's)."""
-    ino = sysfs.controller_instance(name)
+    ino = sysfs.controller_inode(name)
     ctrl = sysfs.controller(name)
-    if ino is None or ctrl is None or sysfs.controller_instance(name) != ino:
+    if ino is None or ctrl is None or sysfs.controller_inode(name) != ino:
         return None
     return Owned(ctrl, ino)
 

@@ -311,7 +311,7 @@ class Sysfs:
             tls=tls_state(transport, read_attr(f"{d}/tls_key"), self.tls_key_exact),
         )
 
-    def controller_instance(self, name: str) -> int | None:
+    def controller_inode(self, name: str) -> int | None:
         """The kernfs inode number of controller ``name``'s sysfs directory (None: gone):
         one controller's for as long as it lives, never a later one's in this boot.
 

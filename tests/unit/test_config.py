@@ -221,6 +221,13 @@ BROKEN = [
      "initiator.pools[0].connect.host_iface", "not a network interface name"),
     ("host-iface-too-long", f"{INI}.connect", {"host_iface": "a" * 16},
      "initiator.pools[0].connect.host_iface", "not a network interface name"),
+    # Within the kernel's 15 characters: refused for the ',' or '=' alone.
+    ("host-iface-comma", f"{INI}.connect", {"host_iface": "eth0,tos=1"},
+     "initiator.pools[0].connect.host_iface", "not a network interface name"),
+    ("host-iface-equals", f"{INI}.connect", {"host_iface": "eth0=1"},
+     "initiator.pools[0].connect.host_iface", "not a network interface name"),
+    ("nqn-with-equals", "target.pools.0.hosts.0.nqn", f"{HOST_A}=1",
+     "target.pools[0].hosts[0].nqn", "must not contain ',' or '='"),
     ("bad-listen", "health.listen", "localhost", "health.listen", "host:port"),
     ("section-not-mapping", "health", ["listen"], "health", "mapping"),
 ]

@@ -304,6 +304,8 @@ def test_a_value_with_a_separator_never_reaches_nvme_cli_or_the_fabrics_device()
         cli.add_controller("tcp", "10.0.0.1", 4420, INJECTED, hostnqn="nqn.2014-08.org.x:h")
     with pytest.raises(PermanentConnectError, match="host_iface"):
         cli.discover("tcp", "10.0.0.1", 4420, host_iface="eth0,traddr=203.0.113.9")
+    with pytest.raises(PermanentConnectError, match="host_iface 'eth0=1'"):  # '=' alone
+        cli.discover("tcp", "10.0.0.1", 4420, host_iface="eth0=1")
     with pytest.raises(PermanentConnectError, match="traddr"):
         cli.add_controller("tcp", "10.0.0.1\ntraddr=203.0.113.9", 4420, "nqn.2014-08.org.x:s",
                            hostnqn="nqn.2014-08.org.x:h")

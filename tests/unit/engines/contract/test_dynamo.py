@@ -139,7 +139,7 @@ def test_each_file_is_held_to_its_own_directory() -> None:
     """KVBM preallocates the whole size in the directory its file names: the good render
     gives the 900 GB directory 873 GB (accepted above); the same 873 GB in the 450 GB
     directory's file is refused against that directory's quota."""
-    ctx, r = good()
+    _, r = good()
     sizes = [parse_env(t)[SIZE] for t in r.files.values()]
     assert sizes == ["873", "436"]
     refused(*broken(**{SIZE: "873"}), FILE, "more than its quota", str(CAPS[1]))

@@ -97,8 +97,9 @@ def hand_off(cfg: Config, pool: InitiatorPool, mounts: tuple[str, ...] | list[st
         fail(exc)  # the caps stay advisory; health says so
     for engine in pool.engines:
         if engine.cleaner.enabled:
-            _clean(state_dir, pool, engine, mounts, caps[engine.kind], quotas, mountinfo,
-                   act, fail)
+            _clean(state_dir, pool, engine, mounts,
+                   directory_caps(pool, engine.kind, mounts, caps[engine.kind], probes),
+                   quotas, mountinfo, act, fail)
     readiness = (gds or probe_gds)() if any(e.gds == "check" and e.kind == "dynamo"
                                             for e in pool.engines) else None
     for engine in pool.engines:
@@ -128,15 +129,17 @@ def hand_off(cfg: Config, pool: InitiatorPool, mounts: tuple[str, ...] | list[st
 
 
 def _clean(state_dir: Path, pool: InitiatorPool, engine: EngineConfig, mounts: list[str],
-           cap: int, quotas: QuotaOps, mountinfo: Path, act: Callable[..., None],
-           fail: Callable[[KvagentError | OSError], None]) -> None:
-    """The engine's cleaner on every mount whose filesystem accounts project quotas."""
-    for mount in mounts:
+           caps: tuple[int, ...], quotas: QuotaOps, mountinfo: Path,
+           act: Callable[..., None], fail: Callable[[KvagentError | OSError], None]) -> None:
+    """The engine's cleaner on every mount whose filesystem accounts project quotas;
+    ``caps`` is each mount's directory cap (:func:`directory_caps`), the reference where
+    the directory's project has no hard limit (pqnoenforce, or the limit not set)."""
+    for mount, cap in zip(mounts, caps, strict=True):
         if quota.mount_quota_mode(mount, mountinfo) == "off":
             continue  # no O(1) usage: the cleaner does not walk to find out (health says so)
         directory = engine_dir(mount, engine.kind)
         try:
-            run = cleaner.clean(directory, mount, engine, quotas, cap // len(mounts))
+            run = cleaner.clean(directory, mount, engine, quotas, cap)
         except (KvagentError, OSError) as exc:
             fail(exc)
             continue

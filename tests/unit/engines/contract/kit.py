@@ -145,14 +145,30 @@ class AppliedPool:
         assert res.exit_code == 0, res.output
         return json.loads(res.stdout)["files"]
 
+    def apply(self) -> RunResult:
+        """One apply pass (attach, then the engines' hand-off) over the fake host."""
+        cfg = self.host.config(self._initiator)
+        result = RunResult(dry_run=False)
+        passes = InitiatorPass(cfg, self.host.runner, result, sysfs=self.host.sysfs,
+                               cli=self.host.cli, seams=self.host.seams())
+        for name in passes.detach_removed():
+            forget(cfg, name, result)
+        for m in passes.attach_configured():
+            hand_off(cfg, m.pool, m.mounts, m.transport, m.remounted, result,
+                     probe=self.host.probe, quotas=self.quota, gds=lambda: GDS,
+                     mountinfo=self.host.mountinfo)
+        return result
+
     _initiator: str = ""
 
 
 def apply_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engines: Sequence[str], *,
-               sizes: Sequence[int] = (1000 * GB, 1000 * GB)) -> AppliedPool:
+               sizes: Sequence[int] = (1000 * GB, 1000 * GB),
+               quota: FakeQuota | None = None) -> AppliedPool:
     """Attach pool ``kv`` (one namespace per entry of ``sizes``, each mount's filesystem
     that many bytes) through a real apply pass over the fake GPU host, with ``engines``
-    (YAML flow mappings without braces, e.g. ``"kind: vllm, cpu_cache: 8GiB"``)."""
+    (YAML flow mappings without braces, e.g. ``"kind: vllm, cpu_cache: 8GiB"``) and the
+    project quotas ``quota`` (default: a fresh fake)."""
     nsids = list(range(1, len(sizes) + 1))
     host = FakeHost(tmp_path, exports=[Export(NQN, nsids)])
     monkeypatch.setattr(os.path, "ismount", lambda p: os.fspath(p) in host.mounts())
@@ -179,15 +195,8 @@ def apply_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engines: Sequenc
       engines: [{eng}]
 """
     cfg = host.config(initiator)
-    result = RunResult(dry_run=False)
-    quota = FakeQuota()
-    passes = InitiatorPass(cfg, host.runner, result, sysfs=host.sysfs, cli=host.cli,
-                           seams=host.seams())
-    for name in passes.detach_removed():
-        forget(cfg, name, result)
-    for m in passes.attach_configured():
-        hand_off(cfg, m.pool, m.mounts, m.transport, m.remounted, result, probe=probe,
-                 quotas=quota, gds=lambda: GDS, mountinfo=host.mountinfo)
-    applied = AppliedPool(host, result, Path(cfg.node.state_dir), mounts, quota)
+    applied = AppliedPool(host, RunResult(dry_run=False), Path(cfg.node.state_dir), mounts,
+                          quota or FakeQuota())
     applied._initiator = initiator
+    applied.result = applied.apply()
     return applied

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.engines.quota import mount_caps, project_id
 from agent.config.model import EngineConfig
+from agent.engines.quota import mount_caps, project_id
 from tests.unit.engines.fakequota import FakeQuota
 
 from .contract.kit import GB, apply_pool

@@ -54,7 +54,9 @@ class EngineContext:
     the instances on this host that use one directory: engines whose size is per rank or
     per worker get the directory's cap divided by ``ranks`` (their product), so all of
     them together stay under it. ``cpu_bytes`` is host RAM the engine may pin (vLLM's
-    required ``cpu_bytes_to_use``, from the engine's ``cpu_cache``). ``backend`` is the
+    ``cpu_bytes_to_use``, from the engine's ``cpu_cache``: with it vLLM gets a CPU tier and
+    an fs tier, without it its disk backend). ``cleaner``: kvagent's cleaner is on for the
+    engine (``engines[].cleaner``), so a tier that never evicts is bounded. ``backend`` is the
     engine's storage backend where it has several (SGLang: ``file`` or ``mooncake``). ``gds`` is
     what this host has of GPUDirect Storage, for an engine whose config depends on it
     (``None``: not looked at, the operator vouches for it).
@@ -72,6 +74,7 @@ class EngineContext:
     gds: GdsReadiness | None = None
     directory_caps: tuple[int, ...] = ()
     backend: str | None = None
+    cleaner: bool = False
 
     @property
     def ranks(self) -> int:

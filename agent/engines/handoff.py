@@ -246,7 +246,7 @@ def engine_context(pool: InitiatorPool, engine: EngineConfig, mounts: list[str],
         directory_caps=directory_caps(pool, engine.kind, mounts, capacity, probes),
         tensor_parallel=engine.tensor_parallel, data_parallel=engine.data_parallel,
         cpu_bytes=None if engine.cpu_cache is None else int(engine.cpu_cache),
-        backend=engine.backend)
+        backend=engine.backend, cleaner=bool(engine.cleaner.enabled))
 
 
 def render_engine(pool: InitiatorPool, engine: EngineConfig, mounts: list[str], capacity: int,

@@ -92,6 +92,42 @@ def judge_pinned(ctx: EngineContext, rendered: Rendered, dist: str) -> EngineVer
     return judge(ctx, rendered, sys.executable, pythonpath=path)
 
 
+def judge_batch(cases: Sequence[tuple[EngineContext, Rendered]],
+                *dists: str) -> list[EngineVerdict]:
+    """The pinned ``dists``' verdicts on many renders of one engine, judged by one run of
+    its checker (the engine's code imported once; ``checkkit.run``'s batch mode)."""
+    import json
+
+    from agent.engines.checks import script
+    from agent.engines.verdict import payload
+
+    kinds = {ctx.kind for ctx, _ in cases}
+    assert len(kinds) == 1, kinds
+    path = [str(wheel_files(dist)) for dist in dists]
+    shims = shim_dir(next(iter(kinds)))
+    if shims is not None:
+        path.append(str(shims))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run([sys.executable, str(script(next(iter(kinds))))],
+                          input=json.dumps({"batch": [payload(c, r) for c, r in cases]}),
+                          text=True, capture_output=True, env=env, timeout=900, check=False)
+    found: dict[int, EngineVerdict] = {}
+    for line in proc.stdout.splitlines():
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and isinstance(data.get("batch_index"), int):
+            found[data["batch_index"]] = EngineVerdict(
+                engine=next(iter(kinds)), verdict=data["verdict"],
+                engine_version=data.get("engine_version"), method=data.get("method", ""),
+                problems=tuple(data.get("problems", ())),
+                messages=tuple(data.get("messages", ())), python=sys.executable)
+    assert proc.returncode == 0 and sorted(found) == list(range(len(cases))), (
+        proc.returncode, sorted(found), proc.stderr[-3000:])
+    return [found[i] for i in range(len(cases))]
+
+
 def assert_refused(verdict: EngineVerdict, *words: str) -> EngineVerdict:
     """The engine refused, and one of its problems names every one of ``words``."""
     assert verdict.verdict == "refused", (verdict.problems, verdict.messages)

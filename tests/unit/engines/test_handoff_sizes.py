@@ -14,7 +14,9 @@ import os
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from agent.cli.main import main
 from agent.config.model import EngineConfig
 from agent.engines.quota import mount_caps, project_id
 from tests.unit.engines.fakequota import FakeQuota
@@ -48,6 +50,14 @@ def test_a_tier_switched_off_is_an_error_of_the_pool(tmp_path: Path,
     assert applied.files("dynamo") == {} and not old.parent.exists()
     for kind in ("lmcache", "vllm", "sglang", "mooncake"):
         assert applied.files(kind), kind
+    # kvagent engines render: exit 1, the same words, no traceback, no files.
+    config = applied.state.parent / "kvagent.yaml"
+    config.write_text(applied.host.config_text(applied._initiator))
+    res = CliRunner().invoke(main, ["-c", str(config), "engines", "render", "kv",
+                                    "--engine", "dynamo"])
+    assert res.exit_code == 1, res.output
+    assert "DYN_KVBM_DISK_CACHE_GB would switch its disk tier off" in res.output
+    assert "Traceback" not in res.output and "DYN_KVBM_DISK_CACHE_DIR" not in res.output
 
 
 def test_the_issues_first_example_gives_each_directory_its_own_size(

@@ -59,7 +59,8 @@ def hand_off(cfg: Config, pool: InitiatorPool, mounts: tuple[str, ...] | list[st
     mounts; ``fresh`` names which mounts (None: all of them), the others keep their
     recorded probes (a new namespace of a pool of many is probed alone). A cap that
     cannot be set, or an engine whose config is refused (Dynamo without GPUDirect
-    Storage), is an error of the pool; the other engines go on.
+    Storage, a size the engine would read as off), is an error of the pool; the other
+    engines go on.
     """
     mounts = list(mounts)
     state_dir = Path(cfg.node.state_dir)
@@ -133,7 +134,7 @@ def _clean(state_dir: Path, pool: InitiatorPool, engine: EngineConfig, mounts: l
            act: Callable[..., None], fail: Callable[[KvagentError | OSError], None]) -> None:
     """The engine's cleaner on every mount whose filesystem accounts project quotas;
     ``caps`` is each mount's directory cap (:func:`directory_caps`), the reference where
-    the directory's project has no hard limit (pqnoenforce, or the limit not set)."""
+    the directory's project has no hard limit (it could not be set)."""
     for mount, cap in zip(mounts, caps, strict=True):
         if quota.mount_quota_mode(mount, mountinfo) == "off":
             continue  # no O(1) usage: the cleaner does not walk to find out (health says so)

@@ -190,7 +190,8 @@ def _fs_notes(ctx: EngineContext, cpu_bytes: int) -> list[str]:
              "block files on each full pass once they pass the high watermark of a "
              "directory's cap; between passes the cap is the bound"
              if ctx.cleaner else
-             "the cleaner is off (engines[].cleaner.enabled: false): once a directory is full "
+             "the cleaner is off (engines[].cleaner.enabled: false, or a pool mounted "
+             "noquota): once a directory is full "
              "vLLM stores nothing more there (its back-pressure drops every store after "
              "ENOSPC) until something deletes files")
     notes.append(

@@ -82,8 +82,9 @@ def engines_check(pool: str, kind: str, python: str) -> None:
     environment declarations, Mooncake's config loader, KVBM's variable names) read the
     rendered config under --python, time-boxed, and give their verdict: accepted, or
     refused with the engine's message, before the engine is started. Exit 0 accepted; 1
-    refused, or the engine cannot be loaded under that Python; 2 for a pool or engine not
-    in the config, or one kvagent refuses to render (e.g. vllm without cpu_cache).
+    refused, the engine cannot be loaded under that Python, or kvagent refuses the render
+    (a size the engine reads as off, Dynamo without GPUDirect Storage); 2 for a pool or
+    engine not in the config.
     """
     result = render_attached(load_cli_config(), pool, kind)
     verdict = judge(result.context, result.rendered, python)

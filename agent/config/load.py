@@ -56,6 +56,10 @@ def _parse_config(text: str, source: str) -> Config:
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError([ConfigProblem(source, line, "(yaml)", f"not valid YAML: {problem}")])\
             from None
+    except ValueError as exc:  # a value the YAML constructors cannot make (an int too long)
+        why = str(exc).split(";")[0]  # (not Python's advice on raising its limit)
+        raise ConfigError([ConfigProblem(source, None, "(yaml)", f"not valid YAML: {why}")])\
+            from None
     if data is None:
         raise ConfigError([ConfigProblem(source, None, "(top level)",
                                          "the file is empty; it needs at least 'version: 1'")])

@@ -565,12 +565,12 @@ class EngineConfig:
     cleaner: EngineCleaner = doc_field(
         "Oldest-first cleaner for an engine that never evicts on disk (default: off).",
         default_factory=EngineCleaner)
-    gds: Literal["check", "trust"] = doc_field(
+    gds: Literal["check", "trust"] | None = doc_field(
         "Dynamo only: its disk-only KVBM moves blocks between disk and GPU with GPUDirect "
-        "Storage. 'check' (default) renders it only where this host has the nvidia-fs "
-        "module loaded and cuFile (libcufile) installed, and refuses otherwise; 'trust' "
-        "renders without looking (you checked GDS, e.g. with gdscheck, and the engine's "
-        "image brings its own cuFile).", "check")
+        "Storage. 'check' (dynamo's default) renders it only where this host has the "
+        "nvidia-fs module loaded and cuFile (libcufile) installed, and refuses otherwise; "
+        "'trust' renders without looking (you checked GDS, e.g. with gdscheck, and the "
+        "engine's image brings its own cuFile).", None)
 
     tensor_parallel: int = doc_field(
         "GPU ranks of one engine instance (its tensor-parallel size) that use the pool. "
@@ -591,8 +591,13 @@ class EngineConfig:
         "HiCacheFile writes pages under the directory) or 'mooncake' (the Mooncake store "
         "with SSD offload into the directory, one subdirectory per rank).", None)
 
+    @property
+    def checks_gds(self) -> bool:
+        """Whether GPUDirect Storage is looked for before this engine is rendered."""
+        return self.kind == "dynamo" and self.gds != "trust"
+
     def check(self) -> Check:
-        if self.gds != "check" and self.kind != "dynamo":
+        if self.gds is not None and self.kind != "dynamo":
             yield ("gds",), (f"only dynamo's config depends on GPUDirect Storage; {self.kind} "
                              "takes no gds setting")
         if self.cpu_cache is not None and self.kind != "vllm":

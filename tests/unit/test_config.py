@@ -55,8 +55,12 @@ def test_engine_cleaner_is_off_and_gds_checked_by_default() -> None:
         {"kind": "lmcache"}]
     vllm, dynamo, lmcache = parse_config(yaml.safe_dump(data)).initiator.pools[0].engines
     assert (vllm.cleaner.enabled, vllm.cleaner.high, vllm.cleaner.low) == (True, 95, 85)
-    assert lmcache.cleaner.enabled is False and lmcache.gds == "check"
-    assert dynamo.gds == "trust"
+    assert lmcache.cleaner.enabled is False and lmcache.gds is None
+    assert dynamo.gds == "trust" and not dynamo.checks_gds
+    (default,) = parse_config(yaml.safe_dump({**data, "initiator": {"pools": [{
+        **data["initiator"]["pools"][0], "engines": [{"kind": "dynamo"}]}]}})
+    ).initiator.pools[0].engines
+    assert default.gds is None and default.checks_gds, "dynamo checks GDS unless told to trust"
 
 
 def test_base_is_valid() -> None:
@@ -173,6 +177,10 @@ BROKEN = [
      "initiator.pools[0].engines[0].cleaner.enabled", "noquota"),
     ("gds-on-lmcache", f"{INI}.engines.0.gds", "trust", "initiator.pools[0].engines[0].gds",
      "only dynamo"),
+    # Written out, even as the default value, an engine-only field on another engine is
+    # refused: its writer expects it to do something there.
+    ("gds-check-on-lmcache", f"{INI}.engines.0.gds", "check",
+     "initiator.pools[0].engines[0].gds", "only dynamo"),
     ("gds-unknown", f"{INI}.engines", [{"kind": "dynamo", "gds": "ignore"}],
      "initiator.pools[0].engines[0].gds", "check"),
     ("bad-duration", f"{INI}.connect", {"reconnect_delay": "soon"},

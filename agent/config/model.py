@@ -96,6 +96,38 @@ def system_directory_problem(path: str) -> str | None:
     return None
 
 
+#: Trees of the system's own files (the kernel's filesystems, configuration, boot files,
+#: the read-only /usr): nothing of kvagent's state goes at or under them.
+SYSTEM_TREES = ("/proc", "/sys", "/dev", "/etc", "/boot", "/usr")
+#: The standard directories of /var and /run (FHS 3.0, file-hierarchy(7)): every program
+#: keeps its files below them.
+HIERARCHY_DIRECTORIES = frozenset({
+    "/var/backups", "/var/cache", "/var/crash", "/var/games", "/var/lib", "/var/local",
+    "/var/lock", "/var/log", "/var/mail", "/var/opt", "/var/run", "/var/spool", "/var/tmp",
+    "/run/lock", "/run/log", "/run/shm", "/run/systemd", "/run/user",
+})
+
+
+def own_directory_problem(path: str, example: str) -> str | None:
+    """Why ``path`` (absolute, normalised) cannot be one of kvagent's own directories
+    (``node.state_dir``, ``node.run_dir``: kvagent makes them private, root's and mode
+    0700); None if it can. ``example``: a directory to suggest instead."""
+    instead = f"give a directory of kvagent's own, e.g. {example}"
+    for tree in SYSTEM_TREES:
+        if path == tree:
+            return f"{path} holds the system's own files: {instead}"
+        if path.startswith(tree + "/"):
+            return f"{path} is under {tree}, the system's own files: {instead}"
+    parts = path.strip("/").split("/")
+    what = ("the root directory" if path == "/" else "a top-level directory" if len(parts) == 1
+            else f"a standard directory of /{parts[0]}" if path in HIERARCHY_DIRECTORIES
+            else "a home directory" if parts[0] == "home" and len(parts) == 2 else None)
+    if what is None:
+        return None
+    return (f"{path} is {what}, which others use too: kvagent would make it private to root "
+            f"(mode 0700); {instead}")
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     """This host: its name and where kvagent keeps state."""
@@ -110,10 +142,18 @@ class NodeConfig:
         NQNPrefix("nqn.2026-11.io.kvagent"),
     )
     state_dir: AbsPath = doc_field(
-        "Where kvagent keeps its records (last apply, device claims, probes).",
+        "Where kvagent keeps its records (last apply, device claims, probes): a directory "
+        "of its own, never a system directory: not /, a top-level directory (/var, /tmp, "
+        "...), a standard directory of /var or /run (/var/lib, /var/tmp, /run/user, ...) "
+        "or a home directory (/home/USER), nor anything under /etc, /usr, /boot, /proc, "
+        "/sys or /dev.",
         AbsPath("/var/lib/kvagent"),
     )
-    run_dir: AbsPath = doc_field("Runtime directory (the apply lock).", AbsPath("/run/kvagent"))
+    run_dir: AbsPath = doc_field(
+        "Runtime directory (the apply lock, the agent's record and status socket), made "
+        "private (mode 0700): a directory of its own, never a system directory (as for "
+        "state_dir).",
+        AbsPath("/run/kvagent"))
     configfs: AbsPath = doc_field(
         "Mount point of configfs (nvmet lives under <configfs>/nvmet).",
         AbsPath("/sys/kernel/config"),
@@ -122,6 +162,12 @@ class NodeConfig:
     nvme_dir: AbsPath = doc_field(
         "Directory holding hostnqn and hostid (nvme-cli's).", AbsPath("/etc/nvme")
     )
+
+    def check(self) -> Check:
+        for name, example in (("state_dir", "/var/lib/kvagent"), ("run_dir", "/run/kvagent")):
+            refused = own_directory_problem(getattr(self, name), example)
+            if refused:
+                yield (name,), refused
 
 
 @dataclass(frozen=True)

@@ -149,8 +149,33 @@ def trust_problem(st: os.stat_result, euid: int) -> str | None:
     if st.st_uid != 0:
         return (f"is owned by uid {st.st_uid}, not root: a root kvagent does not take orders "
                 "from a file another user can change (chown root FILE)")
-    if st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0):
+    if _others_write(st):
         return (f"is writable by its group or by everyone (mode {st.st_mode & 0o7777:04o}, "
                 f"group {st.st_gid}): a root kvagent does not take orders from a file others "
                 "can change (chmod go-w FILE)")
     return None
+
+
+def directory_trust_problem(st: os.stat_result, euid: int) -> str | None:
+    """Why a process running as ``euid`` must not take a config file below a directory
+    with status ``st`` (None: it may). As root, every directory from ``/`` down to the
+    file's must be root's and writable by nobody else (its group may, when that is root's
+    group), sticky or not: whoever may change a directory may swap the config in it for
+    another file, or a link to any YAML file root can read."""
+    if euid != 0:
+        return None
+    if st.st_uid != 0:
+        return (f"is owned by uid {st.st_uid}, not root: its owner could swap the config in "
+                "it for another file; a root kvagent takes its config only from "
+                "directories root alone can change (move the config, e.g. to /etc/kvagent/)")
+    if _others_write(st):
+        return (f"is writable by its group or by everyone (mode {st.st_mode & 0o7777:04o}, "
+                f"group {st.st_gid}): others could swap the config in it for another file; "
+                "a root kvagent takes its config only from directories root alone can "
+                "change (move the config, e.g. to /etc/kvagent/)")
+    return None
+
+
+def _others_write(st: os.stat_result) -> bool:
+    """Whether someone other than the owner (and root's group) may write ``st``'s file."""
+    return bool(st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0))

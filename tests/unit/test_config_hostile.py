@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,3 +92,101 @@ def test_an_integer_python_cannot_convert_is_a_yaml_error(tmp_path: Path) -> Non
     assert f"kvagent: config error: {file}: (yaml): not valid YAML: " in result.stderr
     assert "internal error" not in result.output and "set_int_max_str_digits" not in \
         result.output
+
+
+# ------------------------------------------- the directories above the config (F7)
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the rule is root's; the test "
+                                "needs root to chown")
+VALID = "version: 1\nnode: {name: unit}\n"
+
+
+def validate(file: Path) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["-c", str(file), "config", "validate"])
+    assert "Traceback" not in result.output
+    return result.exit_code, result.stderr
+
+
+@needs_root
+def test_a_config_whose_directory_another_user_owns_is_refused(tmp_path: Path) -> None:
+    """F7: the directory's owner swaps in a link to any root-owned YAML (or a file of its
+    own making, root's because root made it earlier): only the file itself was checked."""
+    elsewhere = tmp_path / "root-only"
+    elsewhere.mkdir()
+    (elsewhere / "other.yaml").write_text(VALID)
+    users = tmp_path / "users"
+    users.mkdir(mode=0o755)
+    os.chown(users, 1000, 1000)
+    (users / "kvagent.yaml").write_text(VALID)  # root's, mode 0644: the file passes
+    code, err = validate(users / "kvagent.yaml")
+    assert code == 2 and f"(file): the directory {users} above it is owned by uid 1000" in err
+    (users / "kvagent.yaml").unlink()
+    (users / "kvagent.yaml").symlink_to(elsewhere / "other.yaml")
+    code, err = validate(users / "kvagent.yaml")
+    assert code == 2 and f"the directory {users} above it is owned by uid 1000" in err
+
+
+@needs_root
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o775], ids=oct)
+def test_a_config_below_a_directory_others_may_write_is_refused(tmp_path: Path,
+                                                                  mode: int) -> None:
+    """Sticky or not: a config below a world-writable directory is not root's alone."""
+    shared = tmp_path / "shared"
+    inner = shared / "kvagent"
+    inner.mkdir(parents=True)
+    (inner / "kvagent.yaml").write_text(VALID)
+    os.chmod(shared, mode)
+    if mode == 0o775:
+        os.chown(shared, 0, 100)  # a group other than root's
+    code, err = validate(inner / "kvagent.yaml")
+    assert code == 2, err
+    assert f"the directory {shared} above it is writable by its group or by everyone " \
+           f"(mode {mode:04o}" in err
+
+
+@needs_root
+def test_a_config_that_is_a_link_or_reached_through_one_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "kvagent.yaml").write_text(VALID)
+    assert validate(real / "kvagent.yaml") == (0, "")
+    (tmp_path / "link.yaml").symlink_to(real / "kvagent.yaml")
+    code, err = validate(tmp_path / "link.yaml")
+    assert code == 2 and "is a symbolic link (to " in err and "give the real path" in err
+    (tmp_path / "dirlink").symlink_to(real)
+    code, err = validate(tmp_path / "dirlink" / "kvagent.yaml")
+    assert code == 2 and f"is reached through {tmp_path}/dirlink, a symbolic link" in err
+
+
+@needs_root
+def test_a_relative_config_path_is_checked_from_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "kvagent.yaml").write_text(VALID)
+    monkeypatch.chdir(tmp_path)
+    assert validate(Path("kvagent.yaml")) == (0, "")
+    os.chmod(tmp_path, 0o777)
+    code, err = validate(Path("kvagent.yaml"))
+    assert code == 2 and f"the directory {tmp_path} above it is writable" in err
+
+
+@needs_root
+def test_a_fifo_as_the_config_is_refused_without_waiting(tmp_path: Path) -> None:
+    fifo = tmp_path / "kvagent.yaml"
+    os.mkfifo(fifo, 0o644)
+    proc = subprocess.run([sys.executable, "-m", "agent", "-c", str(fifo), "config",
+                           "validate"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 2 and "is not a regular file" in proc.stderr, proc.stderr
+
+
+def test_directories_are_judged_like_the_file_and_only_for_root() -> None:
+    from agent.config import directory_trust_problem
+
+    def status(mode: int, uid: int, gid: int = 0) -> os.stat_result:
+        return os.stat_result((stat.S_IFDIR | mode, 0, 0, 1, uid, gid, 10, 0, 0, 0))
+
+    assert directory_trust_problem(status(0o755, 0), 0) is None
+    assert directory_trust_problem(status(0o775, 0), 0) is None  # root's group
+    assert "mode 0775, group 100" in directory_trust_problem(status(0o775, 0, 100), 0)
+    assert "mode 1777" in directory_trust_problem(status(0o1777, 0), 0)
+    assert "uid 1000" in directory_trust_problem(status(0o755, 1000), 0)
+    assert directory_trust_problem(status(0o1777, 1000), 1000) is None  # not root

@@ -785,7 +785,11 @@ class HealthConfig:
 
     listen: ListenAddress = doc_field(
         "Address of the /metrics, /healthz and /readyz server. Binding beyond loopback is "
-        "an explicit choice.",
+        "an explicit choice. When it cannot be bound (another process holds the port), "
+        "kvagent run goes on without it: reported (kvagent status, the log, "
+        "kvagent_health_endpoint_listening) and tried again every interval; a reload to "
+        "another address binds it before closing the old one, and keeps the old one when "
+        "it cannot.",
         ListenAddress("127.0.0.1:9808"),
     )
     interval: Duration = doc_field(

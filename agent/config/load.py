@@ -88,7 +88,8 @@ def _read_config_file(file: Path) -> str:
     """The config file's text, after checking who could have written it (as root: the file
     and every directory above it, reached without following a link)."""
     euid = os.geteuid()
-    fd = _open_as_root(file) if euid == 0 else os.open(file, os.O_RDONLY | os.O_CLOEXEC)
+    fd = (_open_as_root(file) if euid == 0
+          else os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
     with open(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
@@ -146,7 +147,8 @@ def _refuse(file: Path, why: str) -> NoReturn:
 
 def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     """Load the config file (see :func:`config_path`); raise :class:`ConfigError` if bad
-    (as root: also when it is not root's, or others may write it)."""
+    (as root: also when it or a directory above it is not root's, or others may write it,
+    or its path holds a symbolic link)."""
     file = config_path(path)
     try:
         text = _read_config_file(file)

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 
 #: Bytes read from a pipe at a time.
 CHUNK = 1 << 16
+#: Bytes read after the program exited, at most: what its pipes held then (a pipe holds
+#: at most 1 MiB), not what a child it left behind goes on writing.
+DRAIN_AFTER_EXIT = 4 << 20
 #: The search path a boxed program gets (systemd's default for services).
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -93,7 +96,7 @@ def _pump(proc: subprocess.Popen[bytes], data: bytes, cap: int,
     keeping the tails; True when the deadline came first."""
     assert proc.stdin and proc.stdout and proc.stderr
     tails = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    total = 0
+    total = after_exit = 0
     with selectors.DefaultSelector() as sel:
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             os.set_blocking(pipe.fileno(), False)
@@ -126,7 +129,8 @@ def _pump(proc: subprocess.Popen[bytes], data: bytes, cap: int,
                 del tail[:-cap]
                 if key.fileobj is proc.stdout:
                     total += len(chunk)
-            if exited and not events:
+                after_exit += len(chunk) if exited else 0
+            if exited and (not events or after_exit > DRAIN_AFTER_EXIT):
                 break
     while not _exited(proc):  # both pipes closed: it may still be finishing
         left = deadline - time.monotonic()

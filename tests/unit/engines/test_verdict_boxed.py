@@ -47,6 +47,14 @@ def alive(pid: int) -> bool:
         return False
 
 
+def gone(pid: int) -> bool:
+    """Whether ``pid`` is dead within a few seconds of its SIGKILL (a bound, not a figure)."""
+    deadline = time.monotonic() + 30
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(pid)
+
+
 def test_a_timeout_kills_the_checker_and_every_process_it_started(tmp_path: Path) -> None:
     """The time box used to kill the checker only: its children ran on."""
     pids = tmp_path / "pids"
@@ -57,11 +65,7 @@ def test_a_timeout_kills_the_checker_and_every_process_it_started(tmp_path: Path
         """)
     with pytest.raises(KvagentError, match="did not answer within 2s"):
         judge(CTX, RENDERED, python, timeout=2)
-    child = int(pids.read_text())
-    deadline = time.monotonic() + 30
-    while alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(child), "the checker's child outlived the time box"
+    assert gone(int(pids.read_text())), "the checker's child outlived the time box"
 
 
 def test_a_child_left_holding_the_output_does_not_hold_the_verdict(tmp_path: Path) -> None:
@@ -75,11 +79,7 @@ def test_a_child_left_holding_the_output_does_not_hold_the_verdict(tmp_path: Pat
         """)
     verdict = judge(CTX, RENDERED, python, timeout=120)
     assert verdict.accepted and verdict.method == "fake"
-    child = int(pids.read_text())
-    deadline = time.monotonic() + 30
-    while alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(child)
+    assert gone(int(pids.read_text()))
 
 
 PEAK = """
@@ -192,3 +192,17 @@ def test_the_verdict_still_reads_the_last_line_of_a_chatty_checker(tmp_path: Pat
         """)
     verdict = judge(CTX, RENDERED, python)
     assert (verdict.verdict, verdict.problems) == ("refused", ("too big",))
+
+
+def test_a_child_that_goes_on_writing_does_not_hold_the_verdict(tmp_path: Path) -> None:
+    """What the pipes held when the checker exited is read, not what a child it left
+    behind goes on writing."""
+    python = fake_python(tmp_path / "python", f"""\
+        yes >&2 &
+        echo $! > {tmp_path}/pid
+        sleep 0.2
+        echo '{ACCEPTED}'
+        """)
+    verdict = judge(CTX, RENDERED, python, timeout=120)
+    assert verdict.accepted
+    assert gone(int((tmp_path / "pid").read_text()))

@@ -190,3 +190,26 @@ def test_directories_are_judged_like_the_file_and_only_for_root() -> None:
     assert "mode 1777" in directory_trust_problem(status(0o1777, 0), 0)
     assert "uid 1000" in directory_trust_problem(status(0o755, 1000), 0)
     assert directory_trust_problem(status(0o1777, 1000), 1000) is None  # not root
+
+
+def test_a_reload_to_an_alias_bomb_keeps_a_small_error(tmp_path: Path) -> None:
+    """The error a refused reload keeps (kvagent status, /metrics' problems, the log)."""
+    from structlog.testing import capture_logs
+
+    from agent.config import load_config
+    from agent.daemon import Agent
+    from agent.health.notify import Notifier
+    from tests.unit.fakerunner import FakeRunner
+    from tests.unit.test_daemon import free_port, write_config
+
+    config = tmp_path / "kvagent.yaml"
+    write_config(config, tmp_path, free_port())
+    agent = Agent(str(config), load_config(config), runner=FakeRunner(),
+                  notifier=Notifier(env={}))
+    config.write_text(ALIAS_BOMB)
+    with capture_logs() as logs:
+        assert agent.reload() is None
+    assert agent.config_error is not None and len(agent.config_error) < 4096
+    assert "node.nvme_dir: must be an absolute path, got a list" in agent.config_error
+    (entry,) = [e for e in logs if e["event"].startswith("config reload refused")]
+    assert len(entry["error"]) < 4096

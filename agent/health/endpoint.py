@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ..config.types import ListenAddress
 from ..log import get_logger
@@ -60,12 +59,13 @@ class Endpoint:
             self._bind()
 
     def shutdown(self) -> None:
+        """Close the server answering now (the agent stops)."""
         if self.server is not None:
             self.server.shutdown()
             self.server = None
 
-    def _start(self, address: ListenAddress, **kwargs: Any) -> HealthServer:
-        return self._serve(self.store, address, interval=self.interval, **kwargs).start()
+    def _start(self, address: ListenAddress) -> HealthServer:
+        return self._serve(self.store, address, interval=self.interval).start()
 
     def _bind(self) -> None:
         assert self.listen is not None

@@ -26,10 +26,11 @@ class Interpreter:
 
 def interpreter(python: str) -> Interpreter:
     """The Python ``python`` names (looked up on ``$PATH`` when it has no ``/``) and whom
-    it runs as: as root, the owner of its environment (the venv's directory when it is in
-    one, else the interpreter as resolved), or the owner of the interpreter or of the
-    venv's site-packages when that is another user; root only when root owns all of them
-    and nobody else may write them (else UsageError). Not root: the caller itself."""
+    it runs as. As root: the owner of its environment (the venv's directory when it is in
+    one, else the interpreter as resolved), or else the first other user who owns the
+    venv's ``bin`` or ``site-packages``, the interpreter, or a directory above any of
+    them (whoever may swap them); root only when root owns all of that and nobody else
+    may write it (else UsageError). Not root: the caller itself."""
     found = python if "/" in python else shutil.which(python)
     if found is None:
         raise UsageError(f"--python {python}: no such program on $PATH",
@@ -44,19 +45,26 @@ def interpreter(python: str) -> Interpreter:
     environment = str(venv) if (venv / "pyvenv.cfg").is_file() else resolved
     if os.geteuid() != 0:
         return Interpreter(path, Account.of(os.geteuid(), os.getegid()), environment)
-    parts = [environment, resolved]
+    parts = [environment]
     if environment != resolved:
-        parts[1:1] = sorted(glob.glob(os.path.join(environment, "lib*", "python*",
-                                                   "site-packages")))
-    stats = [(p, os.stat(p)) for p in parts]
-    owner = next(((p, st) for p, st in stats if st.st_uid != 0), None)
+        parts += [os.path.dirname(path), *sorted(glob.glob(
+            os.path.join(environment, "lib*", "python*", "site-packages")))]
+    parts += [resolved, *_above(environment), *_above(resolved)]
+    stats = [(p, os.stat(p)) for p in dict.fromkeys(parts)]
+    owner = next((st for _, st in stats if st.st_uid != 0), None)
     if owner is not None:
-        return Interpreter(path, Account.of(owner[1].st_uid, owner[1].st_gid), environment)
+        return Interpreter(path, Account.of(owner.st_uid, owner.st_gid), environment)
     for part, st in stats:
         if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and st.st_gid != 0):
             raise UsageError(
                 f"--python {python}: {part} is root's but writable by others (mode "
                 f"{stat.S_IMODE(st.st_mode):04o}, group {st.st_gid}): kvagent does not run "
                 "code others may have put there as root",
-                f"chmod go-w {part}, or give a Python owned by the engine's user")
+                "give a Python owned by the engine's user, or one in directories only "
+                "root can change")
     return Interpreter(path, Account.of(0, 0), environment)
+
+
+def _above(path: str) -> list[str]:
+    """The directories above ``path``, from ``/`` down."""
+    return [str(p) for p in reversed(Path(path).parents)]

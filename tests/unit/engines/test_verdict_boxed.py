@@ -153,29 +153,37 @@ def test_a_users_venv_runs_as_that_user(reachable: Path) -> None:
 
 
 @needs_root
-def test_whose_python_it_is(reachable: Path) -> None:
-    """The venv's owner; else the owner of its site-packages or of the interpreter when
-    that is not root; root only when root owns it all and nobody else may write it."""
-    venv = reachable / "venv"
+def test_whose_python_it_is(tmp_path: Path) -> None:
+    """The venv's owner; else the owner of its bin or site-packages, of the interpreter or
+    of a directory above them when that is not root; root only when root owns it all and
+    nobody else may write it."""
+    venv = tmp_path / "venv"
     python = fake_python(venv / "bin" / "python", "true\n")
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
     site = venv / "lib" / "python3.11" / "site-packages"
     site.mkdir(parents=True)
     assert interpreter(python).account.uid == 0 and interpreter(python).environment == \
         str(venv)
-    os.chown(site, 1000, 1000)
-    assert interpreter(python).account.uid == 1000
-    os.chown(site, 0, 0)
+    for path in (site, venv / "bin", tmp_path):  # each of them could swap the code
+        os.chown(path, 1000, 1000)
+        assert interpreter(python).account.uid == 1000, path
+        os.chown(path, 0, 0)
     site.chmod(0o777)
     with pytest.raises(UsageError, match=f"--python {python}: {site} is root's but writable"):
         interpreter(python)
     site.chmod(0o755)
-    bare = fake_python(reachable / "bin" / "python3", "true\n")  # no venv: the file itself
+    bare = fake_python(tmp_path / "bin" / "python3", "true\n")  # no venv: the file itself
     os.chown(bare, 1000, 1000)
     assert (interpreter(bare).account.uid, interpreter(bare).environment) == (1000, bare)
     link = venv / "bin" / "python3"
     link.symlink_to(bare)  # a root venv's python linking to a user's interpreter
     assert interpreter(str(link)).account.uid == 1000
+    below_tmp = Path(tempfile.mkdtemp(dir="/tmp")) / "python"  # root's, below /tmp
+    try:
+        with pytest.raises(UsageError, match="/tmp is root's but writable by others"):
+            interpreter(fake_python(below_tmp, "true\n"))
+    finally:
+        shutil.rmtree(below_tmp.parent)
 
 
 def test_a_python_that_is_not_there_is_bad_input(tmp_path: Path) -> None:

@@ -52,6 +52,7 @@ from .errors import KvagentError
 from .events import Batch, Batcher, ControllerWatch, DeviceEvent, UdevFeed
 from .health import notify
 from .health.collect import Topology, collect, read_topology
+from .health.endpoint import Endpoint
 from .health.metrics import write_textfile
 from .health.server import HealthServer, SnapshotStore
 from .health.snapshot import ApplyBusy, ApplySummary, LoopCounters, Snapshot, overall_state
@@ -121,7 +122,9 @@ class Agent:
         self.counters = LoopCounters()
         self.config_error: str | None = None
         self.last_apply: ApplySummary | None = None
-        self.server: HealthServer | None = None
+        #: The health endpoint: never stops the agent (reported and retried when it
+        #: cannot listen).
+        self.endpoint = Endpoint(self.store, clock=clock)
         #: Where kvagent status reads the last snapshot (None: not serving).
         self.status_socket: StatusSocket | None = None
         self.stopping = threading.Event()
@@ -260,6 +263,7 @@ class Agent:
         periodic collect (not fresh) reuses the last one, read at most
         ``health.full_interval`` ago, and reads only what has no events (mounts, usage,
         drives)."""
+        self.endpoint.retry()  # (a health port that could not be bound: every interval)
         try:
             topology = self.topology
             if fresh or topology is None or (
@@ -277,7 +281,8 @@ class Agent:
                     if previous else Snapshot(time.time(), self.clock(), self.cfg.node.name,
                                               config_error=self.config_error,
                                               counters=self.counters))
-        snap = dataclasses.replace(snap, apply_busy=self.busy, counters=self.counters)
+        snap = dataclasses.replace(snap, apply_busy=self.busy, counters=self.counters,
+                                   health_error=self.endpoint.error)
         self.store.set(snap)
         if self.server is not None:
             self.server.metrics.warm()  # scrapes then only add the head and the tail
@@ -383,11 +388,16 @@ class Agent:
             self.status_socket.shutdown()
             self.status_socket = None
 
+    @property
+    def server(self) -> HealthServer | None:
+        """The health server answering now (None: none could listen yet)."""
+        return self.endpoint.server
+
     def _restart_server(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-        self.server = HealthServer.from_listen(self.store, self.cfg.health.listen,
-                                               interval=self.cfg.health.interval).start()
+        """Serve on ``health.listen`` (at start, and on a reload that changed it): bound
+        before the old address is closed; when it cannot be, reported and retried every
+        ``health.interval`` while the passes go on (:mod:`agent.health.endpoint`)."""
+        self.endpoint.want(self.cfg.health.listen, self.cfg.health.interval)
 
     # -------------------------------------------------------------------- loop
     def run(self) -> int:
@@ -398,11 +408,7 @@ class Agent:
         """
         self._register()
         sys.setswitchinterval(SWITCH_INTERVAL)
-        try:
-            self._restart_server()
-        except BaseException:
-            daemonfiles.unregister_daemon(self.run_dir)
-            raise
+        self._restart_server()
         self._start_status_socket()
         watch = ControllerWatch(self.events, Path(self.cfg.node.sysfs))
         udev = UdevFeed(self.events, on_controller=watch.relist)
@@ -419,8 +425,7 @@ class Agent:
             self.notifier.stopping()
             udev.stop()
             watch.stop()
-            if self.server is not None:
-                self.server.shutdown()
+            self.endpoint.shutdown()
             self._stop_status_socket()
             daemonfiles.clear_busy(self.run_dir)
             daemonfiles.unregister_daemon(self.run_dir)

@@ -47,7 +47,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-WORK = Path("/tmp/kve2e")
+WORK = Path("/var/lib/kve2e")  # (not below /tmp: a root kvagent refuses a config there)
 PREFIX = "nqn.2026-11.io.kvagent.e2e"
 NODE = "e2e"
 LISTEN = "127.0.0.1:9809"

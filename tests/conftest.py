@@ -1,9 +1,14 @@
-"""Shared pytest setup: the kernel-tier plugin and hypothesis profiles."""
+"""Shared pytest setup: the kernel-tier plugin, hypothesis profiles and, as root, a
+temporary directory tree a root kvagent takes configs from."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+from pathlib import Path
 
+import pytest
 from hypothesis import settings
 
 pytest_plugins = ["tests.vmplugin"]
@@ -12,3 +17,34 @@ pytest_plugins = ["tests.vmplugin"]
 settings.register_profile("guest", database=None, deadline=None)
 settings.register_profile("default", deadline=None)
 settings.load_profile("guest" if os.environ.get("KVAGENT_IN_VM") == "1" else "default")
+
+#: Where pytest's temporary directories go as root when the system's temporary directory
+#: is writable by others (/tmp: a root kvagent refuses a config below it): the first of
+#: these whose directories only root can change. On disk where /var is (the unit tier
+#: keeps up to a GB there; pytest keeps the last three sessions), not below a directory
+#: named .cache (ansible-lint skips those).
+SAFE_TEMP_ROOTS = (Path("/var/cache/kvagent-pytest"), Path("/run/kvagent-pytest"))
+
+
+def root_only(path: Path) -> bool:
+    """Whether ``path`` and every directory above it are root's and writable by nobody
+    else: kvagent's own rule for the directories above a config (agent.config)."""
+    from agent.config import directory_trust_problem
+
+    return all(directory_trust_problem(os.lstat(p), 0) is None
+               for p in (path, *path.parents))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if (os.geteuid() != 0 or config.option.basetemp
+            or os.environ.get("PYTEST_DEBUG_TEMPROOT")
+            or root_only(Path(tempfile.gettempdir()).resolve())):
+        return
+    for root in SAFE_TEMP_ROOTS:
+        with contextlib.suppress(OSError):
+            root.mkdir(mode=0o755, parents=True, exist_ok=True)
+            if root_only(root):
+                # pytest's own variable for its temporary root (xdist's workers inherit it,
+                # and pytest keeps its numbered directories below it as in /tmp).
+                os.environ["PYTEST_DEBUG_TEMPROOT"] = str(root)
+                return

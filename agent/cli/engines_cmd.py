@@ -62,7 +62,8 @@ def engines_render(pool: str, kind: str, probe_now: bool) -> None:
 
 def _verdict_text(v: EngineVerdict) -> str:
     version = f" {v.engine_version}" if v.engine_version else ""
-    lines = [f"{v.engine}{version}: {v.verdict} ({v.method or 'no method given'}; {v.python})"]
+    lines = [f"{v.engine}{version}: {v.verdict} ({v.method or 'no method given'}; {v.python} "
+             f"as {v.user})"]
     lines += [f"  problem: {p}" for p in v.problems]
     lines += [f"  {v.engine} said: {m}" for m in v.messages]
     return "\n".join(lines)
@@ -80,11 +81,15 @@ def engines_check(pool: str, kind: str, python: str) -> None:
     On a GPU host where the engine is installed, its own modules (LMCache's config
     loader, vLLM's KVTransferConfig and offloading spec, SGLang's argument parser and
     environment declarations, Mooncake's config loader, KVBM's variable names) read the
-    rendered config under --python, time-boxed, and give their verdict: accepted, or
-    refused with the engine's message, before the engine is started. Exit 0 accepted; 1
-    refused, the engine cannot be loaded under that Python, or kvagent refuses the render
-    (a size the engine reads as off, Dynamo without GPUDirect Storage); 2 for a pool or
-    engine not in the config.
+    rendered config under --python and give their verdict: accepted, or refused with the
+    engine's message, before the engine is started. They run as the owner of that
+    Python's environment (its venv; root only when root owns it and nobody else may
+    write it) with a minimal environment (PATH, HOME, USER, LANG: set anything else in
+    a wrapper script), time-boxed (every process they start is killed at the end) and
+    with their output capped. Exit 0 accepted; 1 refused, the engine cannot be loaded
+    under that Python, or kvagent refuses the render (a size the engine reads as off,
+    Dynamo without GPUDirect Storage); 2 for a pool or engine not in the config, or a
+    --python that is not there.
     """
     result = render_attached(load_cli_config(), pool, kind)
     verdict = judge(result.context, result.rendered, python)
@@ -92,7 +97,8 @@ def engines_check(pool: str, kind: str, python: str) -> None:
         "pool": result.pool, "engine": verdict.engine, "verdict": verdict.verdict,
         "engine_version": verdict.engine_version, "method": verdict.method,
         "problems": list(verdict.problems), "messages": list(verdict.messages),
-        "python": verdict.python, "files": sorted(result.rendered.files),
+        "python": verdict.python, "user": verdict.user,
+        "files": sorted(result.rendered.files),
     }
     if verdict.accepted or output_format() != "json":
         emit(data, lambda _: _verdict_text(verdict))

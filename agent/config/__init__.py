@@ -56,6 +56,13 @@ def __getattr__(name: str) -> Any:
 
 DEFAULT_CONFIG_PATH = "/etc/kvagent/kvagent.yaml"
 CONFIG_ENV = "KVAGENT_CONFIG"
+#: The longest field path and message a problem shows, and the most problems an error
+#: lists: a config error is printed, logged, kept in the agent's snapshot and sent to
+#: kvagent apply, so it stays small whatever the file holds (a few hundred bytes of YAML
+#: aliases expand to megabytes of values, or to thousands of problems).
+MAX_FIELD_CHARS = 200
+MAX_MESSAGE_CHARS = 1000
+MAX_PROBLEMS = 50
 
 __all__ = [
     "CONFIG_ENV",
@@ -95,12 +102,14 @@ class ConfigProblem:
         # A secret pasted where its file belongs would be echoed to the terminal, the
         # journal, kvagent status and apply's answer: never show it (issue 24).
         from ..dhchap import redact
+        from ..text import clip
 
         field, message = redact(self.field), redact(self.message)
         if (field, message) != (self.field, self.message):
             message += ("; that is a secret itself, and the config holds only paths: put it "
                         "in a file of its own (root's, mode 0600; kvagent keys generate "
                         "makes one) and give the file's path")
+        field, message = clip(field, MAX_FIELD_CHARS), clip(message, MAX_MESSAGE_CHARS)
         object.__setattr__(self, "field", field)
         object.__setattr__(self, "message", message)
 
@@ -110,9 +119,15 @@ class ConfigProblem:
 
 
 class ConfigError(Exception):
-    """The config file is missing, unreadable, not YAML, or invalid. Carries every problem."""
+    """The config file is missing, unreadable, not YAML, or invalid. Carries its problems
+    (the first :data:`MAX_PROBLEMS`, then one that counts the rest)."""
 
     def __init__(self, problems: list[ConfigProblem]):
+        if len(problems) > MAX_PROBLEMS:
+            first = problems[0]
+            problems = [*problems[:MAX_PROBLEMS], ConfigProblem(
+                first.file, None, "(config)",
+                f"{len(problems) - MAX_PROBLEMS} more problem(s) not shown; fix these first")]
         self.problems = problems
         super().__init__("\n".join(str(p) for p in problems))
 
@@ -134,8 +149,33 @@ def trust_problem(st: os.stat_result, euid: int) -> str | None:
     if st.st_uid != 0:
         return (f"is owned by uid {st.st_uid}, not root: a root kvagent does not take orders "
                 "from a file another user can change (chown root FILE)")
-    if st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0):
+    if _others_write(st):
         return (f"is writable by its group or by everyone (mode {st.st_mode & 0o7777:04o}, "
                 f"group {st.st_gid}): a root kvagent does not take orders from a file others "
                 "can change (chmod go-w FILE)")
     return None
+
+
+def directory_trust_problem(st: os.stat_result, euid: int) -> str | None:
+    """Why a process running as ``euid`` must not take a config file below a directory
+    with status ``st`` (None: it may). As root, every directory from ``/`` down to the
+    file's must be root's and writable by nobody else (its group may, when that is root's
+    group), sticky or not: whoever may change a directory may swap the config in it for
+    another file, or a link to any YAML file root can read."""
+    if euid != 0:
+        return None
+    if st.st_uid != 0:
+        return (f"is owned by uid {st.st_uid}, not root: its owner could swap the config in "
+                "it for another file; a root kvagent takes its config only from "
+                "directories root alone can change (move the config, e.g. to /etc/kvagent/)")
+    if _others_write(st):
+        return (f"is writable by its group or by everyone (mode {st.st_mode & 0o7777:04o}, "
+                f"group {st.st_gid}): others could swap the config in it for another file; "
+                "a root kvagent takes its config only from directories root alone can "
+                "change (move the config, e.g. to /etc/kvagent/)")
+    return None
+
+
+def _others_write(st: os.stat_result) -> bool:
+    """Whether someone other than the owner (and root's group) may write ``st``'s file."""
+    return bool(st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0))

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
+from ..text import shown
+
 Path = tuple[str | int, ...]
 
 
@@ -93,7 +95,8 @@ class Builder:
         if origin is Literal:
             allowed = args
             if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
-                self.problem(path, f"{value!r} is not one of: {', '.join(map(str, allowed))}")
+                self.problem(path,
+                             f"{shown(value)} is not one of: {', '.join(map(str, allowed))}")
                 raise _Invalid
             return value
         if origin is tuple:
@@ -162,8 +165,8 @@ class Builder:
             raise _Invalid
         kind = value["kind"]
         if not isinstance(kind, str) or kind not in kinds:
-            shown = repr(kind) if isinstance(kind, str) else _describe(kind)
-            self.problem((*path, "kind"), f"{shown} is not one of: {', '.join(kinds)}")
+            named = shown(kind) if isinstance(kind, str) else _describe(kind)
+            self.problem((*path, "kind"), f"{named} is not one of: {', '.join(kinds)}")
             raise _Invalid
         return self._convert_dataclass(kinds[kind], value, path)
 
@@ -182,7 +185,8 @@ class Builder:
                 suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
                 self.problem(
                     (*path, key),
-                    f"unknown key {key!r}{suggestion} (allowed: {', '.join(sorted(plan.fields))})",
+                    f"unknown key {shown(key)}{suggestion} "
+                    f"(allowed: {', '.join(sorted(plan.fields))})",
                 )
                 failed = True
         for alias, name in plan.aliases.items():
@@ -225,7 +229,7 @@ def _describe(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {shown(value)}"
 
 
 _HINTS_CACHE: dict[type, dict[str, Any]] = {}

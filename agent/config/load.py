@@ -3,11 +3,14 @@ from it, every problem located by file, line and field."""
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 import yaml
 
@@ -16,6 +19,7 @@ from . import (
     ConfigError,
     ConfigProblem,
     config_path,
+    directory_trust_problem,
     trust_problem,
 )
 from .build import Builder, Problem, format_path
@@ -56,6 +60,10 @@ def _parse_config(text: str, source: str) -> Config:
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError([ConfigProblem(source, line, "(yaml)", f"not valid YAML: {problem}")])\
             from None
+    except ValueError as exc:  # a value the YAML constructors cannot make (an int too long)
+        why = str(exc).split(";")[0]  # (not Python's advice on raising its limit)
+        raise ConfigError([ConfigProblem(source, None, "(yaml)", f"not valid YAML: {why}")])\
+            from None
     if data is None:
         raise ConfigError([ConfigProblem(source, None, "(top level)",
                                          "the file is empty; it needs at least 'version: 1'")])
@@ -77,21 +85,70 @@ def _locate(source: str, data: MarkedDict, problem: Problem) -> ConfigProblem:
 
 
 def _read_config_file(file: Path) -> str:
-    """The config file's text, after checking who could have written it."""
-    with open(file, "rb") as f:
-        problem = trust_problem(os.fstat(f.fileno()), os.geteuid())
+    """The config file's text, after checking who could have written it (as root: the file
+    and every directory above it, reached without following a link)."""
+    euid = os.geteuid()
+    fd = (_open_as_root(file) if euid == 0
+          else os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+    with open(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            _refuse(file, "is not a regular file")
+        problem = trust_problem(st, euid)
         if problem:
-            raise ConfigError([ConfigProblem(str(file), None, "(file)", problem)])
+            _refuse(file, problem)
         data = f.read(MAX_CONFIG_BYTES + 1)
     if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError([ConfigProblem(str(file), None, "(file)",
-                                         f"is larger than {MAX_CONFIG_BYTES >> 20} MiB")])
+        _refuse(file, f"is larger than {MAX_CONFIG_BYTES >> 20} MiB")
     return data.decode("utf-8")
+
+
+def _open_as_root(file: Path) -> int:
+    """An fd of ``file`` reached from ``/`` one directory fd at a time: each directory root's
+    and writable by nobody else (:func:`directory_trust_problem`), no component a symbolic
+    link (``O_NOFOLLOW``), the file opened without blocking (a FIFO)."""
+    path = os.path.normpath(os.path.join(os.getcwd(), file))
+    *dirs, name = path.split("/")[1:]
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        here = ""
+        for part in ["", *dirs]:
+            if part:
+                here += "/" + part
+                try:
+                    next_fd = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
+                                      | os.O_CLOEXEC, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno == errno.ENOTDIR and os.path.islink(here):
+                        _refuse(file, f"is reached through {here}, a symbolic link: a root "
+                                "kvagent takes its config only by its real path "
+                                f"({os.path.realpath(here)}/...)")
+                    raise
+                os.close(fd)
+                fd = next_fd
+            problem = directory_trust_problem(os.fstat(fd), 0)
+            if problem:
+                _refuse(file, f"the directory {here or '/'} above it {problem}")
+        try:
+            return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                           dir_fd=fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                _refuse(file, f"is a symbolic link (to {os.readlink(path)}): a root kvagent "
+                        "opens its config without following links; give the real path")
+            raise
+    finally:
+        os.close(fd)
+
+
+def _refuse(file: Path, why: str) -> NoReturn:
+    raise ConfigError([ConfigProblem(str(file), None, "(file)", why)])
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     """Load the config file (see :func:`config_path`); raise :class:`ConfigError` if bad
-    (as root: also when it is not root's, or others may write it)."""
+    (as root: also when it or a directory above it is not root's, or others may write it,
+    or its path holds a symbolic link)."""
     file = config_path(path)
     try:
         text = _read_config_file(file)

@@ -97,6 +97,38 @@ def system_directory_problem(path: str) -> str | None:
     return None
 
 
+#: Trees of the system's own files (the kernel's filesystems, configuration, boot files,
+#: the read-only /usr): nothing of kvagent's state goes at or under them.
+SYSTEM_TREES = ("/proc", "/sys", "/dev", "/etc", "/boot", "/usr")
+#: The standard directories of /var and /run (FHS 3.0, file-hierarchy(7)): every program
+#: keeps its files below them.
+HIERARCHY_DIRECTORIES = frozenset({
+    "/var/backups", "/var/cache", "/var/crash", "/var/games", "/var/lib", "/var/local",
+    "/var/lock", "/var/log", "/var/mail", "/var/opt", "/var/run", "/var/spool", "/var/tmp",
+    "/run/lock", "/run/log", "/run/shm", "/run/systemd", "/run/user",
+})
+
+
+def own_directory_problem(path: str, example: str) -> str | None:
+    """Why ``path`` (absolute, normalised) cannot be one of kvagent's own directories
+    (``node.state_dir``, ``node.run_dir``: kvagent makes them private, root's and mode
+    0700); None if it can. ``example``: a directory to suggest instead."""
+    instead = f"give a directory of kvagent's own, e.g. {example}"
+    for tree in SYSTEM_TREES:
+        if path == tree:
+            return f"{path} holds the system's own files: {instead}"
+        if path.startswith(tree + "/"):
+            return f"{path} is under {tree}, the system's own files: {instead}"
+    parts = path.strip("/").split("/")
+    what = ("the root directory" if path == "/" else "a top-level directory" if len(parts) == 1
+            else f"a standard directory of /{parts[0]}" if path in HIERARCHY_DIRECTORIES
+            else "a home directory" if parts[0] == "home" and len(parts) == 2 else None)
+    if what is None:
+        return None
+    return (f"{path} is {what}, which others use too: kvagent would make it private to root "
+            f"(mode 0700); {instead}")
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     """This host: its name and where kvagent keeps state."""
@@ -111,10 +143,18 @@ class NodeConfig:
         NQNPrefix("nqn.2026-11.io.kvagent"),
     )
     state_dir: AbsPath = doc_field(
-        "Where kvagent keeps its records (last apply, device claims, probes).",
+        "Where kvagent keeps its records (last apply, device claims, probes): a directory "
+        "of its own, never a system directory: not /, a top-level directory (/var, /tmp, "
+        "...), a standard directory of /var or /run (/var/lib, /var/tmp, /run/user, ...) "
+        "or a home directory (/home/USER), nor anything under /etc, /usr, /boot, /proc, "
+        "/sys or /dev.",
         AbsPath("/var/lib/kvagent"),
     )
-    run_dir: AbsPath = doc_field("Runtime directory (the apply lock).", AbsPath("/run/kvagent"))
+    run_dir: AbsPath = doc_field(
+        "Runtime directory (the apply lock, the agent's record and status socket), made "
+        "private (mode 0700): a directory of its own, never a system directory (as for "
+        "state_dir).",
+        AbsPath("/run/kvagent"))
     configfs: AbsPath = doc_field(
         "Mount point of configfs (nvmet lives under <configfs>/nvmet).",
         AbsPath("/sys/kernel/config"),
@@ -123,6 +163,12 @@ class NodeConfig:
     nvme_dir: AbsPath = doc_field(
         "Directory holding hostnqn and hostid (nvme-cli's).", AbsPath("/etc/nvme")
     )
+
+    def check(self) -> Check:
+        for name, example in (("state_dir", "/var/lib/kvagent"), ("run_dir", "/run/kvagent")):
+            refused = own_directory_problem(getattr(self, name), example)
+            if refused:
+                yield (name,), refused
 
 
 @dataclass(frozen=True)
@@ -568,12 +614,12 @@ class EngineConfig:
     cleaner: EngineCleaner = doc_field(
         "Oldest-first cleaner for an engine that never evicts on disk (default: on for "
         "vllm's fs tier, off otherwise).", default_factory=EngineCleaner)
-    gds: Literal["check", "trust"] = doc_field(
+    gds: Literal["check", "trust"] | None = doc_field(
         "Dynamo only: its disk-only KVBM moves blocks between disk and GPU with GPUDirect "
-        "Storage. 'check' (default) renders it only where this host has the nvidia-fs "
-        "module loaded and cuFile (libcufile) installed, and refuses otherwise; 'trust' "
-        "renders without looking (you checked GDS, e.g. with gdscheck, and the engine's "
-        "image brings its own cuFile).", "check")
+        "Storage. 'check' (dynamo's default) renders it only where this host has the "
+        "nvidia-fs module loaded and cuFile (libcufile) installed, and refuses otherwise; "
+        "'trust' renders without looking (you checked GDS, e.g. with gdscheck, and the "
+        "engine's image brings its own cuFile).", None)
 
     tensor_parallel: int = doc_field(
         "GPU ranks of one engine instance (its tensor-parallel size) that use the pool. "
@@ -599,8 +645,13 @@ class EngineConfig:
         "HiCacheFile writes pages under the directory) or 'mooncake' (the Mooncake store "
         "with SSD offload into the directory, one subdirectory per rank).", None)
 
+    @property
+    def checks_gds(self) -> bool:
+        """Whether GPUDirect Storage is looked for before this engine is rendered."""
+        return self.kind == "dynamo" and self.gds != "trust"
+
     def check(self) -> Check:
-        if self.gds != "check" and self.kind != "dynamo":
+        if self.gds is not None and self.kind != "dynamo":
             yield ("gds",), (f"only dynamo's config depends on GPUDirect Storage; {self.kind} "
                              "takes no gds setting")
         if self.cpu_cache is not None and self.kind != "vllm":
@@ -764,7 +815,11 @@ class HealthConfig:
 
     listen: ListenAddress = doc_field(
         "Address of the /metrics, /healthz and /readyz server. Binding beyond loopback is "
-        "an explicit choice.",
+        "an explicit choice. When it cannot be bound (another process holds the port), "
+        "kvagent run goes on without it: reported (kvagent status, the log, "
+        "kvagent_health_endpoint_listening) and tried again every interval; a reload to "
+        "another address binds it before closing the old one, and keeps the old one when "
+        "it cannot.",
         ListenAddress("127.0.0.1:9808"),
     )
     interval: Duration = doc_field(

@@ -13,6 +13,7 @@ import socket
 
 from nvmet.nqn import InvalidNQN, validate_nqn, validate_nqn_prefix
 
+from ..text import shown
 from .units import format_duration, format_size, parse_duration, parse_size
 
 _NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$")
@@ -21,7 +22,10 @@ _VG_RE = re.compile(r"^[A-Za-z0-9+_.][A-Za-z0-9+_.-]{0,126}$")
 
 def _expect_str(value: object, what: str) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"must be {what}, got {type(value).__name__} {value!r}")
+        got = ("a mapping" if isinstance(value, dict) else "a list" if isinstance(value, list)
+               else "nothing (null)" if value is None
+               else f"{type(value).__name__} {shown(value)}")
+        raise ValueError(f"must be {what}, got {got}")
     return value
 
 
@@ -33,7 +37,7 @@ class Name(str):
         text = _expect_str(value, "a name")
         if not _NAME_RE.match(text):
             raise ValueError(
-                f"{text!r} is not a valid name: use 1-32 characters a-z, 0-9 and '-', "
+                f"{shown(text)} is not a valid name: use 1-32 characters a-z, 0-9 and '-', "
                 "starting and ending with a letter or digit"
             )
         return cls(text)
@@ -46,7 +50,7 @@ class VolumeGroupName(str):
     def parse(cls, value: object) -> VolumeGroupName:
         text = _expect_str(value, "a volume group name")
         if text in (".", "..") or not _VG_RE.match(text):
-            raise ValueError(f"{text!r} is not a valid LVM volume group name")
+            raise ValueError(f"{shown(text)} is not a valid LVM volume group name")
         return cls(text)
 
 
@@ -59,7 +63,7 @@ class NQN(str):
         try:
             return cls(validate_nqn(text))
         except InvalidNQN as exc:
-            raise ValueError(f"{text!r} is not a valid NQN: it {exc}") from None
+            raise ValueError(f"{shown(text)} is not a valid NQN: it {exc}") from None
 
 
 class NQNPrefix(str):
@@ -71,7 +75,7 @@ class NQNPrefix(str):
         try:
             return cls(validate_nqn_prefix(text))
         except InvalidNQN as exc:
-            raise ValueError(f"{text!r} is not a valid NQN prefix: it {exc}") from None
+            raise ValueError(f"{shown(text)} is not a valid NQN prefix: it {exc}") from None
 
 
 class AbsPath(str):
@@ -81,11 +85,11 @@ class AbsPath(str):
     def parse(cls, value: object) -> AbsPath:
         text = _expect_str(value, "an absolute path")
         if not text.startswith("/"):
-            raise ValueError(f"{text!r} is not an absolute path (it must start with '/')")
+            raise ValueError(f"{shown(text)} is not an absolute path (it must start with '/')")
         if "\x00" in text or "\n" in text:
-            raise ValueError(f"{text!r} contains a NUL or newline character")
+            raise ValueError(f"{shown(text)} contains a NUL or newline character")
         if ".." in text.split("/"):
-            raise ValueError(f"{text!r} must not contain '..'")
+            raise ValueError(f"{shown(text)} must not contain '..'")
         normal = os.path.normpath(text)
         if normal.startswith("//"):
             normal = "/" + normal.lstrip("/")
@@ -100,8 +104,9 @@ class DeviceId(AbsPath):
         path = AbsPath.parse(value)
         if not path.startswith("/dev/disk/by-id/") or path == "/dev/disk/by-id":
             raise ValueError(
-                f"{path!r} is not a stable device id: name whole devices by /dev/disk/by-id/... "
-                "(WWN, EUI or serial), never by /dev/nvmeXnY or /dev/sdX, which change across boots"
+                f"{shown(path)} is not a stable device id: name whole devices by "
+                "/dev/disk/by-id/... (WWN, EUI or serial), never by /dev/nvmeXnY or /dev/sdX, "
+                "which change across boots"
             )
         return cls(path)
 
@@ -113,7 +118,7 @@ class BlankDevice(AbsPath):
     def parse(cls, value: object) -> BlankDevice:
         path = AbsPath.parse(value)
         if not path.startswith("/dev/"):
-            raise ValueError(f"{path!r} is not a device path under /dev")
+            raise ValueError(f"{shown(path)} is not a device path under /dev")
         return cls(path)
 
 
@@ -126,7 +131,7 @@ class IPAddress(str):
         try:
             return cls(str(ipaddress.ip_address(text)))
         except ValueError:
-            raise ValueError(f"{text!r} is not an IPv4 or IPv6 address") from None
+            raise ValueError(f"{shown(text)} is not an IPv4 or IPv6 address") from None
 
     @property
     def family(self) -> str:
@@ -142,16 +147,16 @@ class ListenAddress(str):
         text = _expect_str(value, "host:port")
         m = re.match(r"^(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:\[\]]+)):(?P<port>[0-9]+)$", text)
         if not m:
-            raise ValueError(f"{text!r} is not host:port (use [addr]:port for IPv6)")
+            raise ValueError(f"{shown(text)} is not host:port (use [addr]:port for IPv6)")
         host = m.group("v6") or m.group("host")
         try:
             ipaddress.ip_address(host)
         except ValueError:
             if host != "localhost":
-                raise ValueError(f"{text!r}: {host!r} is not an IP address") from None
+                raise ValueError(f"{shown(text)}: {shown(host)} is not an IP address") from None
         port = int(m.group("port"))
         if not 0 < port < 65536:
-            raise ValueError(f"{text!r}: port {port} is out of range 1-65535")
+            raise ValueError(f"{shown(text)}: port {port} is out of range 1-65535")
         return cls(text)
 
     @property
@@ -200,13 +205,13 @@ class Percent(float):
             try:
                 number = float(value.strip()[:-1])
             except ValueError:
-                raise ValueError(f"{value!r} is not a percentage") from None
+                raise ValueError(f"{shown(value)} is not a percentage") from None
         elif isinstance(value, (int, float)):
             number = float(value)
         else:
-            raise ValueError(f"{value!r} is not a percentage such as 45%")
+            raise ValueError(f"{shown(value)} is not a percentage such as 45%")
         if not 0 < number <= 100:
-            raise ValueError(f"{value!r} must be more than 0% and at most 100%")
+            raise ValueError(f"{shown(value)} must be more than 0% and at most 100%")
         return cls(number)
 
 
@@ -218,9 +223,9 @@ class FileMode(int):
         if isinstance(value, str) and re.fullmatch(r"0?[0-7]{3,4}", value):
             mode = int(value, 8)
         else:
-            raise ValueError(f"{value!r} is not an octal mode; quote it, e.g. \"0750\"")
+            raise ValueError(f"{shown(value)} is not an octal mode; quote it, e.g. \"0750\"")
         if mode > 0o7777:
-            raise ValueError(f"{value!r} is larger than 07777")
+            raise ValueError(f"{shown(value)} is larger than 07777")
         return cls(mode)
 
     def __str__(self) -> str:
@@ -236,7 +241,7 @@ class AccountName(str):
             return cls(str(value))
         text = _expect_str(value, "a user or group name")
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?|[0-9]+", text):
-            raise ValueError(f"{text!r} is not a valid user or group name")
+            raise ValueError(f"{shown(text)} is not a valid user or group name")
         return cls(text)
 
 

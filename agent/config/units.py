@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import re
 
+from ..text import shown
+
 #: The largest byte count kvagent takes: the kernel's file and device sizes are signed
 #: 64-bit (loff_t), so anything larger overflows there (or in nvmet's configfs).
 MAX_BYTES = 2**63 - 1
@@ -53,13 +55,13 @@ def parse_size(value: object) -> int:
     m = _NUMBER_UNIT.match(value)
     if not m or m.group(2).lower() not in _SIZE_UNITS:
         raise ValueError(
-            f"{value!r} is not a size; use a number with a unit: "
+            f"{shown(value)} is not a size; use a number with a unit: "
             "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB"
         )
     numerator, denominator = _exact(m.group(1))
     total, part = divmod(numerator * _SIZE_UNITS[m.group(2).lower()], denominator)
     if part:
-        raise ValueError(f"{value!r} is not a whole number of bytes")
+        raise ValueError(f"{shown(value)} is not a whole number of bytes")
     return _at_most_max_bytes(total, value)
 
 
@@ -71,7 +73,7 @@ def _exact(number: str) -> tuple[int, int]:
 
 def _at_most_max_bytes(n: int, written: object) -> int:
     if n > MAX_BYTES:
-        raise ValueError(f"{written!r} is more than the kernel's largest size (8 EiB)")
+        raise ValueError(f"{shown(written)} is more than the kernel's largest size (8 EiB)")
     return n
 
 
@@ -81,7 +83,8 @@ def parse_duration(value: object) -> float:
         raise ValueError("must be a duration such as 30s or 5m, not a boolean")
     if isinstance(value, (int, float)):
         if not math.isfinite(value):
-            raise ValueError(f"{value!r} is not a duration; use a number with ms, s, m, h or d")
+            raise ValueError(
+                f"{shown(value)} is not a duration; use a number with ms, s, m, h or d")
         if value < 0:
             raise ValueError("must not be negative")
         return _at_most_max_seconds(float(value), value)
@@ -90,7 +93,7 @@ def parse_duration(value: object) -> float:
     m = _NUMBER_UNIT.match(value)
     unit = m.group(2).lower() if m else ""
     if not m or (unit and unit not in _DURATION_UNITS):
-        raise ValueError(f"{value!r} is not a duration; use a number with ms, s, m, h or d")
+        raise ValueError(f"{shown(value)} is not a duration; use a number with ms, s, m, h or d")
     numerator, denominator = _exact(m.group(1))
     times, per = _DURATION_UNITS[unit] if unit else (1, 1)
     # int / int is the correctly rounded float of the exact quotient
@@ -99,7 +102,7 @@ def parse_duration(value: object) -> float:
 
 def _at_most_max_seconds(seconds: float, written: object) -> float:
     if seconds > MAX_SECONDS:
-        raise ValueError(f"{written!r} is longer than the longest timeout kvagent can pass "
+        raise ValueError(f"{shown(written)} is longer than the longest timeout kvagent can pass "
                          f"on ({MAX_SECONDS} s, about 68 years)")
     return seconds
 

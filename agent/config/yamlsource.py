@@ -7,6 +7,8 @@ from typing import Any
 
 import yaml
 
+from ..text import shown
+
 
 class MarkedDict(dict):
     """A mapping from YAML that knows the line of each key (1-based)."""
@@ -49,7 +51,7 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> MarkedDict:
         if key in out:
             raise yaml.constructor.ConstructorError(
                 "while constructing a mapping", node.start_mark,
-                f"found duplicate key {key!r}", key_node.start_mark,
+                f"found duplicate key {shown(key)}", key_node.start_mark,
             )
         out[key] = loader.construct_object(value_node, deep=True)
         out.key_lines[key] = key_node.start_mark.line + 1
@@ -124,7 +126,7 @@ class _Tree:
             if key in out:
                 raise yaml.constructor.ConstructorError(
                     "while constructing a mapping", node.start_mark,
-                    f"found duplicate key {key!r}", key_node.start_mark,
+                    f"found duplicate key {shown(key)}", key_node.start_mark,
                 )
             out[key] = self.value(value_node)
             out.key_lines[key] = key_node.start_mark.line + 1

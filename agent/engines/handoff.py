@@ -101,13 +101,12 @@ def hand_off(cfg: Config, pool: InitiatorPool, mounts: tuple[str, ...] | list[st
             _clean(state_dir, pool, engine, mounts,
                    directory_caps(pool, engine.kind, mounts, caps[engine.kind], probes),
                    quotas, mountinfo, act, fail)
-    readiness = (gds or probe_gds)() if any(e.gds == "check" and e.kind == "dynamo"
-                                            for e in pool.engines) else None
+    readiness = (gds or probe_gds)() if any(e.checks_gds for e in pool.engines) else None
     for engine in pool.engines:
         out_dir = out_root / engine.kind
         try:
             rendered = render_engine(pool, engine, mounts, caps[engine.kind], probes,
-                                     gds=readiness if engine.gds == "check" else None)
+                                     gds=readiness if engine.checks_gds else None)
             for prepared in prepare_subdirectories(rendered.subdirectories, mounts, engine):
                 if prepared.changes:
                     act("engine.dir", prepared.path, ", ".join(prepared.changes))
@@ -338,8 +337,7 @@ def render_attached(cfg: Config, pool_name: str, kind: str, *, probe_now: bool =
         probes = [probe(m, transport, sysfs=cfg.node.sysfs) for m in mounts]
     caps = engine_capacities(sum(p.total_bytes or 0 for p in probes), pool.engines)
     engine = next(e for e in pool.engines if e.kind == kind)
-    readiness = ((gds or probe_gds)() if engine.kind == "dynamo" and engine.gds == "check"
-                 else None)
+    readiness = (gds or probe_gds)() if engine.checks_gds else None
     ctx = engine_context(pool, engine, mounts, caps[kind], probes, gds=readiness)
     rendered = render_kind(kind, ctx)
     return AttachedRender(pool_name, kind, tuple(mounts), tuple(dirs), caps[kind], source,

@@ -4,7 +4,9 @@
 - :mod:`.status`: ``kvagent status`` JSON (schema in agent/schemas/) and text table
 - :mod:`.metrics`: Prometheus exposition and node_exporter textfile from a snapshot
 - :mod:`.server`: ``/metrics``, ``/healthz``, ``/readyz`` over a SnapshotStore
-  (:mod:`.exposition`: the ``/metrics`` body, made once per snapshot, gzip once)
+  (:mod:`.exposition`: the ``/metrics`` body, made once per snapshot, gzip once;
+  :mod:`.endpoint`: the server on ``health.listen``, retried when it cannot bind, moved
+  new-before-old on a reload)
 - :mod:`.statussock`: the agent's status socket, where ``kvagent status`` reads its
   last snapshot (:mod:`.statusclient`: the command's side)
 - :mod:`.notify`: the systemd notify protocol

@@ -148,8 +148,8 @@ def _collect_key(snap: Snapshot | None) -> tuple[object, ...]:
     """What the collected part is made of (compared by identity: a tick keeps them)."""
     if snap is None:
         return ()
-    return (snap.last_apply, snap.counters, snap.config_error, snap.pools, snap.controllers,
-            snap.drives)
+    return (snap.last_apply, snap.counters, snap.config_error, snap.health_error, snap.pools,
+            snap.controllers, snap.drives)
 
 
 @dataclass

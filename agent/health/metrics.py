@@ -185,6 +185,11 @@ def loop_families(f: _Families, snapshot: Snapshot | None) -> None:
     f.set("kvagent_config_last_reload_successful",
           "0 while the last config reload was refused and the old config is running, else 1.",
           {}, 0 if s.config_error is not None else 1)
+    f.set("kvagent_health_endpoint_listening",
+          "1 while the health endpoint listens on health.listen, 0 while it cannot (the "
+          "agent runs its passes without it and tries again every health.interval; after a "
+          "reload to an address it cannot bind, the old address still serves).",
+          {}, 0 if s.health_error is not None else 1)
 
 
 def pool_families(f: _Families, pool: PoolHealth) -> None:

@@ -58,7 +58,11 @@ LISTEN_BACKLOG = 128
 
 
 class HealthEndpointError(KvagentError):
-    """The health endpoint could not be started."""
+    """The health endpoint could not be started (``errno``: why the bind failed)."""
+
+    def __init__(self, message: str, hint: str | None = None, errno: int | None = None):
+        super().__init__(message, hint)
+        self.errno = errno
 
 
 class SnapshotStore:
@@ -408,6 +412,7 @@ class HealthServer:
                 f"{exc.strerror or exc}",
                 "another process may hold the port, or the address is not on this host; "
                 "change health.listen",
+                exc.errno,
             ) from None
         self._thread: threading.Thread | None = None
 

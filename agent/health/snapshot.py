@@ -311,6 +311,8 @@ class Snapshot:
     last_apply: ApplySummary | None = None
     #: Set when a SIGHUP reload was refused: the old config keeps running.
     config_error: str | None = None
+    #: Set while the health endpoint cannot listen on ``health.listen`` (retried).
+    health_error: str | None = None
     counters: LoopCounters = field(default_factory=LoopCounters)
     #: Set while another process holds the apply lock (see :class:`ApplyBusy`).
     apply_busy: ApplyBusy | None = None
@@ -347,14 +349,15 @@ def overall_state(snapshot: Snapshot) -> PoolState:
     """``ok``, ``degraded`` or ``failed`` for the whole host.
 
     The worst pool state wins; a drive with problems, a failed last apply, a
-    refused config reload or a stuck apply lock make an otherwise ``ok`` host
-    ``degraded``.
+    refused config reload, a health endpoint that cannot listen or a stuck apply lock make
+    an otherwise ``ok`` host ``degraded``.
     """
     worst = max((_SEVERITY[p.state] for p in snapshot.pools), default=0)
     if worst == 0 and (
         any(not d.healthy for d in snapshot.drives)
         or (snapshot.last_apply is not None and not snapshot.last_apply.ok)
         or snapshot.config_error is not None
+        or snapshot.health_error is not None
         or (snapshot.apply_busy is not None and snapshot.apply_busy.stuck)
     ):
         worst = 1
@@ -367,6 +370,8 @@ def host_problems(snapshot: Snapshot) -> tuple[str, ...]:
     if snapshot.config_error is not None:
         lines.append(f"config: reload refused, old config still running: "
                      f"{snapshot.config_error}")
+    if snapshot.health_error is not None:
+        lines.append(f"health endpoint: {snapshot.health_error}")
     apply = snapshot.last_apply
     if apply is not None and not apply.ok:
         lines.append(f"apply: last pass failed ({apply.failed} action(s) failed)")

@@ -137,6 +137,7 @@ def to_status_json(snapshot: Snapshot, *, source: Source = "live", pid: int | No
         "exit_code": exit_code(snapshot),
         "problems": list(host_problems(snapshot)),
         "config_error": snapshot.config_error,
+        "health_endpoint_error": snapshot.health_error,
         "last_apply": None if apply is None else {
             "finished_at": _iso(apply.finished_at), "ok": apply.ok, "changed": apply.changed,
             "failed": apply.failed, "duration_seconds": apply.duration_seconds,

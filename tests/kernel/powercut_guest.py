@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 STATE_DRIVE = "/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_KVTEST2"
 LVM_DRIVE = "/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_KVTEST0"
-ROOT = Path("/tmp/kvstate")
+ROOT = Path("/var/lib/kvstate")  # (not below /tmp: a root kvagent refuses a config there)
 CONFIG = ROOT / "kvagent.yaml"
 NOTES = ROOT / "notes.json"
 PREFIX = "nqn.2026-11.io.kvagent"

@@ -24,8 +24,11 @@ def needs_root() -> None:
 
 @contextmanager
 def world_readable_dir() -> Iterator[Path]:
-    """A 0755 scratch directory under /tmp that user nobody can reach (pytest's is 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="kvagent-lock-"))
+    """A 0755 scratch directory that user nobody can reach (pytest's are 0700), in the
+    tests' temporary root (tests/conftest.py: as root, not below /tmp, where a root
+    kvagent refuses a config)."""
+    path = Path(tempfile.mkdtemp(prefix="kvagent-lock-",
+                                 dir=os.environ.get("PYTEST_DEBUG_TEMPROOT")))
     path.chmod(0o755)
     try:
         yield path

@@ -141,7 +141,9 @@ def _render(tmp: Path, hosts: str, overlay: dict, inventory: Path = EXAMPLE,
     }}))
     for host, host_vars in overlay.items():
         (extra / "host_vars" / f"{host}.yml").write_text(yaml.safe_dump(host_vars))
-    args = ["-i", str(inventory), "-i", str(extra), str(play)]
+    # (the test inventory's remote temporary directory is the VM's, under its kvtest_root)
+    args = ["-i", str(inventory), "-i", str(extra), "-e",
+            f"ansible_remote_tmp={tmp / 'ansible-remote'}", str(play)]
     if limit:
         args[:0] = ["--limit", limit]
     return _playbook(tmp, *args), out
@@ -251,8 +253,9 @@ def test_test_inventory_renders_a_converged_host(tmp_path: Path) -> None:
     assert config["target"]["pools"][0]["hosts"] == [{"name": "kvtest", "nqn": nqn}]
     assert config["initiator"]["pools"][0]["targets"] == [
         {"transport": port["transport"], "address": port["address"], "service": port["service"]}]
-    assert config["node"]["state_dir"].startswith("/tmp/")
-    assert config["initiator"]["pools"][0]["mount"].startswith("/tmp/")
+    root = _load(ANSIBLE / "tests" / "inventory.yml")["all"]["vars"]["kvtest_root"]
+    assert config["node"]["state_dir"].startswith(f"{root}/")
+    assert config["initiator"]["pools"][0]["mount"].startswith(f"{root}/")
 
 
 def test_inconsistent_inventories_fail_with_clear_messages(tmp_path: Path) -> None:

@@ -55,8 +55,12 @@ def test_engine_cleaner_is_off_and_gds_checked_by_default() -> None:
         {"kind": "dynamo", "gds": "trust"}, {"kind": "lmcache"}]
     vllm, dynamo, lmcache = parse_config(yaml.safe_dump(data)).initiator.pools[0].engines
     assert (vllm.cleaner.enabled, vllm.cleaner.high, vllm.cleaner.low) == (True, 95, 85)
-    assert lmcache.cleaner.enabled is False and lmcache.gds == "check"
-    assert dynamo.gds == "trust"
+    assert lmcache.cleaner.enabled is False and lmcache.gds is None
+    assert dynamo.gds == "trust" and not dynamo.checks_gds
+    (default,) = parse_config(yaml.safe_dump({**data, "initiator": {"pools": [{
+        **data["initiator"]["pools"][0], "engines": [{"kind": "dynamo"}]}]}})
+    ).initiator.pools[0].engines
+    assert default.gds is None and default.checks_gds, "dynamo checks GDS unless told to trust"
 
 
 def test_base_is_valid() -> None:
@@ -173,6 +177,10 @@ BROKEN = [
      "initiator.pools[0].engines[0].cleaner.enabled", "noquota"),
     ("gds-on-lmcache", f"{INI}.engines.0.gds", "trust", "initiator.pools[0].engines[0].gds",
      "only dynamo"),
+    # Written out, even as the default value, an engine-only field on another engine is
+    # refused: its writer expects it to do something there.
+    ("gds-check-on-lmcache", f"{INI}.engines.0.gds", "check",
+     "initiator.pools[0].engines[0].gds", "only dynamo"),
     ("gds-unknown", f"{INI}.engines", [{"kind": "dynamo", "gds": "ignore"}],
      "initiator.pools[0].engines[0].gds", "check"),
     ("bad-duration", f"{INI}.connect", {"reconnect_delay": "soon"},
@@ -479,3 +487,36 @@ def test_overlapping_initiator_mounts_are_refused_naming_both_pools() -> None:
         ("initiator.pools[3].mount", "/cache overlaps the mount of pools[1] (/cache/kvx)"),
         ("initiator.pools[3].mount", "/cache overlaps the mount of pools[2] (/cache/kv/c)"),
     ]
+
+
+# ------------------------------------------------- kvagent's own directories (F4)
+@pytest.mark.parametrize("field", ["state_dir", "run_dir"])
+@pytest.mark.parametrize("path", ["/", "/etc", "/run", "/tmp", "/var", "/home", "/root",
+                                  "/srv", "/data", "/var/lib", "/var/run", "/var/tmp",
+                                  "/run/user", "/home/alice", "/etc/kvagent", "/usr/local/kv",
+                                  "/boot/kv", "/sys/kv", "/dev/shm/kv", "/proc/1", "//etc/",
+                                  "/var/./lib"])
+def test_a_system_directory_as_kvagents_own_is_refused(tmp_path: Path, field: str,
+                                                        path: str) -> None:
+    """Issue 35, F4: node.run_dir or state_dir of /, /etc, /run or /tmp was accepted, then
+    made private to root (chmod 0700)."""
+    data = base()
+    data["node"][field] = path
+    file = tmp_path / "kvagent.yaml"
+    file.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = CliRunner().invoke(main, ["-c", str(file), "config", "validate"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    (line,) = [ln for ln in result.stderr.splitlines() if f": node.{field}: " in ln]
+    assert "the system's own files" in line or "which others use too" in line, line
+    assert "give a directory of kvagent's own, e.g. " in line
+
+
+@pytest.mark.parametrize("path", ["/var/lib/kvagent", "/run/kvagent", "/srv/kvagent/state",
+                                  "/home/alice/kvagent", "/tmp/kvtest/run", "/var/lib/x/y",
+                                  "/opt/kvagent/run", "/mnt/data/kvagent"])
+def test_a_directory_of_kvagents_own_is_fine(path: str) -> None:
+    data = base()
+    data["node"].update(state_dir=path, run_dir=path + "-run")
+    cfg = parse_config(yaml.safe_dump(data))
+    assert (cfg.node.state_dir, cfg.node.run_dir) == (path, path + "-run")

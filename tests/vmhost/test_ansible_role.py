@@ -28,7 +28,7 @@ from .vm_channel import Channel
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-ROOT = "/tmp/kvagent-ansible"
+ROOT = "/var/lib/kvagent-ansible"  # (kvtest_root of ansible/tests/inventory.yml)
 #: Weight: its minutes under TCG alone; ranks its VM slot among the kernel tier's groups.
 #: Long (15 VM-minutes): scripts/test runs it with KVAGENT_LONG=1.
 pytestmark = [pytest.mark.vmhost(weight=15), pytest.mark.long]
@@ -80,7 +80,8 @@ def test_role_twice_second_run_changes_nothing(tmp_path: Path,
     try:
         chan.wait_ready(600)
         chan.check(f"{PY} 'from tests.kernel import kit; kit.prepare_apt()'")
-        # The pool's files on a filesystem nvmet exports files from (the guest's /tmp is not).
+        # The pool's files on a filesystem nvmet exports files from (the guest's overlay /var
+        # is not).
         chan.check(f"mkdir -p {ROOT}/pool && "
                    f"mount -t tmpfs -o size=400m,mode=0700 tmpfs {ROOT}/pool")
         try:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -200,36 +202,38 @@ def test_missing_engine_directory_exits_1(lab: Lab) -> None:
 
 
 # ------------------------------------------------------------------ engines check
-def _pinned_lmcache(monkeypatch: pytest.MonkeyPatch) -> None:
-    """LMCache 0.5.6's files on PYTHONPATH, as if installed in the engine's Python."""
+def _pinned_lmcache(tmp_path: Path) -> str:
+    """A Python with LMCache 0.5.6's files on its path, as if installed in it: kvagent's
+    venv's behind a wrapper that sets PYTHONPATH (engines check passes the caller's
+    environment on to none of them)."""
     from tests.unit.engines.contract.kit import shim_dir, wheel_files
 
     path = [str(wheel_files("lmcache"))]
     if shim_dir("lmcache") is not None:
         path.append(str(shim_dir("lmcache")))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
+    python = tmp_path / "engine-python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(os.pathsep.join(path))} "
+                      f"exec {shlex.quote(sys.executable)} \"$@\"\n")
+    python.chmod(0o755)
+    return str(python)
 
 
-def test_check_reports_the_engines_verdict(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_check_reports_the_engines_verdict(lab: Lab, tmp_path: Path) -> None:
     """LMCache's own config loader (the pinned wheel's) accepts what apply would write."""
-    import sys
-
     lab.attach()
-    _pinned_lmcache(monkeypatch)
+    python = _pinned_lmcache(tmp_path)
     res = lab.run("-o", "json", "engines", "check", "kv", "--engine", "lmcache",
-                  "--python", sys.executable)
+                  "--python", python)
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert (data["verdict"], data["engine"], data["problems"]) == ("accepted", "lmcache", [])
     assert data["engine_version"] == "0.5.6" and data["method"]
-    text = lab.run("engines", "check", "kv", "--engine", "lmcache", "--python", sys.executable)
+    text = lab.run("engines", "check", "kv", "--engine", "lmcache", "--python", python)
     assert text.exit_code == 0 and text.stdout.startswith("lmcache 0.5.6: accepted"), text.output
 
 
 def test_check_fails_with_the_engines_words_on_a_config_it_refuses(
-        lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-
+        lab: Lab, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from agent.engines import _RENDERERS, Rendered, lmcache
 
     def broken(ctx):  # a renderer bug: a key LMCache does not know
@@ -239,16 +243,14 @@ def test_check_fails_with_the_engines_words_on_a_config_it_refuses(
 
     monkeypatch.setitem(_RENDERERS, "lmcache", broken)
     lab.attach()
-    _pinned_lmcache(monkeypatch)
-    res = lab.run("engines", "check", "kv", "--engine", "lmcache", "--python", sys.executable)
+    res = lab.run("engines", "check", "kv", "--engine", "lmcache", "--python",
+                  _pinned_lmcache(tmp_path))
     assert res.exit_code == 1, res.output
     assert "lmcache 0.5.6: refused" in res.stdout and "local_disk_size_gib" in res.stdout
     assert "refused the config kvagent rendered for pool 'kv'" in res.stderr
 
 
 def test_check_without_the_engine_installed_says_so(lab: Lab) -> None:
-    import sys
-
     lab.attach()
     res = lab.run("-o", "json", "engines", "check", "kv", "--engine", "lmcache",
                   "--python", sys.executable)  # kvagent's venv: no LMCache there
@@ -258,7 +260,9 @@ def test_check_without_the_engine_installed_says_so(lab: Lab) -> None:
 
 
 def test_check_with_a_python_that_does_not_exist(lab: Lab, tmp_path: Path) -> None:
+    """Bad input: exit 2, naming the option."""
     lab.attach()
     res = lab.run("engines", "check", "kv", "--engine", "lmcache",
                   "--python", str(tmp_path / "no/python"))
-    assert res.exit_code == 1 and "no such Python" in res.stderr, res.output
+    assert res.exit_code == 2, res.output
+    assert f"--python {tmp_path}/no/python: {tmp_path}/no/python is not a file" in res.stderr

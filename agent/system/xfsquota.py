@@ -65,6 +65,10 @@ FS_DQ_BHARD = 1 << 3
 SYS_QUOTACTL_FD = 443
 #: xfs quota figures are in 512-byte "basic blocks".
 BASIC_BLOCK = 512
+#: The system calls this module makes past Python's own wrappers: the inode flags'
+#: ioctls and quotactl_fd (which systemd groups in @privileged only). The unit's
+#: SystemCallFilter must allow them (tests/unit/health/test_systemd_syscalls.py).
+SYSCALLS = ("ioctl", "quotactl_fd")
 
 
 def qcmd(cmd: int, qtype: int) -> int:

@@ -103,3 +103,37 @@ def test_default_config_is_valid_and_manages_nothing() -> None:
                            str(DEBIAN / "kvagent.yaml")], capture_output=True, text=True,
                           timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_modules_go_to_a_directory_of_the_package_s_own() -> None:
+    """Issue 35: kvagent's nvmet in dist-packages collided with nvmetcli's package (dpkg
+    refused either order). The modules go to the package's private directory, the one
+    /usr/bin/kvagent (debian/kvagent-launcher) puts first on the module path; the real
+    install beside nvmetcli is tests/kernel/test_deb_package.py's."""
+    rules = (DEBIAN / "rules").read_text()
+    (private,) = re.findall(r"^export PYBUILD_INSTALL_DIR = (/\S+)$", rules, re.M)
+    assert not private.startswith(("/usr/lib/python3", "/usr/local")), private
+    launcher = (DEBIAN / "kvagent-launcher").read_text()
+    assert f'sys.path.insert(0, "{private}")' in launcher.splitlines()
+    assert "debian/kvagent-launcher debian/kvagent/usr/bin/kvagent" in rules
+    assert "dh_python3 $(PYBUILD_INSTALL_DIR)" in rules, "byte-compiled where it is"
+
+
+def test_the_launcher_imports_kvagent_from_its_directory_first(tmp_path: Path) -> None:
+    """The launcher, pointed at a scratch directory instead of /usr/share/kvagent, runs
+    that directory's ``agent.cli.main.entry`` although another ``agent`` (this checkout's,
+    the test environment's) is importable too."""
+    private = tmp_path / "private"
+    (private / "agent" / "cli").mkdir(parents=True)
+    for init in ("agent/__init__.py", "agent/cli/__init__.py"):
+        (private / init).write_text("")
+    (private / "agent" / "cli" / "main.py").write_text(
+        "def entry():\n    print(__file__)\n")
+    launcher = (DEBIAN / "kvagent-launcher").read_text()
+    assert launcher.count('"/usr/share/kvagent"') == 1
+    copy = tmp_path / "kvagent"
+    copy.write_text(launcher.replace('"/usr/share/kvagent"', repr(str(private))))
+    proc = subprocess.run([sys.executable, str(copy)], capture_output=True, text=True,
+                          timeout=60, check=False, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(private / "agent" / "cli" / "main.py")

@@ -73,7 +73,7 @@ def expand(names: list[str] | tuple[str, ...] | set[str]) -> set[str]:
             continue
         seen.add(name)
         if name.startswith("@"):
-            assert name in groups, f"systemd {analyze()} knows no group {name}"
+            assert name in groups, f"this systemd knows no system call group {name}"
             pending.extend(groups[name])
         else:
             out.add(name)

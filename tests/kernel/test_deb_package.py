@@ -38,13 +38,7 @@ from agent.naming import subsystem_nqn
 from tests import metricnames
 
 from . import kit
-from .pools import (
-    DRIVES,
-    KVAGENT,
-    fabrics_controllers,
-    umount_all_under,
-    write_file,
-)
+from .pools import DRIVES, KVAGENT, fabrics_controllers, umount_all_under, write_file
 from .test_daemon import free_port, get
 
 pytestmark = pytest.mark.kernel(group="lifecycle", weight=3.5)

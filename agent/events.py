@@ -124,6 +124,10 @@ RELIST_EVERY = 20
 #: The udev monitor socket's receive buffer (systemd's own monitors ask 128 MiB): the
 #: default (about 200 KiB) held 153 of a 256-event storm on the real kernel under TCG.
 RECEIVE_BUFFER = 16 * 1024 * 1024
+#: The system calls the udev monitor this module starts makes (pyudev: libudev's
+#: netlink socket, read in pyudev's observer thread, which polls it and a pipe); the
+#: unit's SystemCallFilter must allow them (tests/unit/health/test_systemd_syscalls.py).
+SYSCALLS = ("socket", "bind", "setsockopt", "getsockname", "recvmsg", "poll", "pipe2")
 
 #: At most this many events are kept per batch (the rest only counted).
 BATCH_KEEP = 64

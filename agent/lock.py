@@ -32,6 +32,9 @@ from .rundir import (
 LOCK_FILE = "apply.lock"
 #: Users whose processes hold the lock legitimately (besides the lock file's owner).
 KVAGENT_USERS = ("root", "kvagent")
+#: The system calls this module makes past Python's own wrappers; the unit's
+#: SystemCallFilter must allow them (tests/unit/health/test_systemd_syscalls.py).
+SYSCALLS = ("flock",)
 
 
 class Busy(KvagentError):

@@ -23,6 +23,10 @@ from ..log import get_logger
 from .sysfs import NamespaceHead, Sysfs
 
 log = get_logger("initiator.devices")
+#: The system calls the udev monitor of :class:`UdevWaiter` makes (pyudev: libudev's
+#: netlink socket, polled); the unit's SystemCallFilter must allow them
+#: (tests/unit/health/test_systemd_syscalls.py).
+SYSCALLS = ("socket", "bind", "setsockopt", "getsockname", "recvmsg", "poll")
 
 
 class DeviceNotFound(KvagentError):

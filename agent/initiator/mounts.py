@@ -68,6 +68,12 @@ def remove_mount_points(dirs: list[str], mountinfo: Path = MOUNTINFO) -> list[st
 #: The first mount of an xfs with project quotas runs a quotacheck (a scan of every
 #: inode): a pool remounted with them after an upgrade may take minutes.
 QUOTACHECK_TIMEOUT = 1800
+#: The system calls mount(8) and umount(8), which this module runs, make for it:
+#: mount/umount2 (util-linux 2.38, Debian 12), the new mount API (util-linux 2.39 and
+#: later). The unit's SystemCallFilter must allow them (@mount;
+#: tests/unit/health/test_systemd_syscalls.py).
+SYSCALLS = ("mount", "umount2", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount",
+            "open_tree", "mount_setattr")
 
 
 def ensure_mounted(device: str, path: str, options: tuple[str, ...], runner: Runner,

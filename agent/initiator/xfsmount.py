@@ -37,6 +37,9 @@ _GEOM_V1_SIZE = 112
 #: A device at least this much bigger than its filesystem gets ``xfs_growfs``.
 GROW_MIN_BYTES = 16 << 20
 GROWFS_TIMEOUT = 300.0
+#: The system calls this module makes past Python's own wrappers (XFS_IOC_FSGEOMETRY);
+#: the unit's SystemCallFilter must allow them (tests/unit/health/test_systemd_syscalls.py).
+SYSCALLS = ("ioctl",)
 
 
 @dataclass(frozen=True)

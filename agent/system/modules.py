@@ -9,6 +9,11 @@ from ..log import get_logger
 from .run import Runner
 
 log = get_logger("modules")
+#: The system calls modprobe, which this module runs (and the unit's ExecStartPre=),
+#: makes for it: finit_module, or init_module for a module it decompressed itself. The
+#: unit's SystemCallFilter must allow them (@module;
+#: tests/unit/health/test_systemd_syscalls.py).
+SYSCALLS = ("finit_module", "init_module")
 
 
 def is_loaded(module: str, sysfs: str | Path = "/sys") -> bool:

@@ -43,6 +43,10 @@ _STX_DEV_MAJOR_OFFSET = 136
 _STX_DIO_MEM_ALIGN_OFFSET = 152
 _STX_DIO_OFFSET_ALIGN_OFFSET = 156
 _STATX_SIZE = 256
+#: The system calls this module makes past Python's own wrappers (fallocate and statx
+#: through libc, anonymous mmap buffers for O_DIRECT); the unit's SystemCallFilter must
+#: allow them (tests/unit/health/test_systemd_syscalls.py).
+SYSCALLS = ("fallocate", "statx", "mmap", "munmap")
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,10 @@ FS_DQ_BHARD = 1 << 3
 SYS_QUOTACTL_FD = 443
 #: xfs quota figures are in 512-byte "basic blocks".
 BASIC_BLOCK = 512
+#: The system calls this module makes past Python's own wrappers: the inode flags'
+#: ioctls and quotactl_fd (which systemd groups in @privileged only). The unit's
+#: SystemCallFilter must allow them (tests/unit/health/test_systemd_syscalls.py).
+SYSCALLS = ("ioctl", "quotactl_fd")
 
 
 def qcmd(cmd: int, qtype: int) -> int:
@@ -275,7 +279,9 @@ def _quotactl(mount: str, cmd: int, projid: int, dq: FsDiskQuota) -> None:
 def _unavailable(exc: OSError, mount: str, what: str) -> QuotaUnavailable:
     reasons = {
         errno.ENOSYS: "this kernel has no quotactl_fd (Linux 5.14 or later has it)",
-        errno.EPERM: "reading project quotas needs root (CAP_SYS_ADMIN)",
+        errno.EPERM: "project quotas need root (CAP_SYS_ADMIN), and quotactl_fd allowed "
+                     "by a system call filter (a unit's SystemCallFilter=; kvagent's "
+                     "own unit allows it)",
         errno.ESRCH: "project quotas are not on for this filesystem (mount with prjquota)",
         errno.ENOTTY: "the filesystem has no project quotas (not xfs)",
         errno.EOPNOTSUPP: "the filesystem has no project quotas (not xfs)",

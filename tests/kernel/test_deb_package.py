@@ -13,6 +13,12 @@ the guest sees. virtme-ng gives the guest copy-on-write overlays on /usr, /etc a
    status healthy; ``kvagent run`` serves /metrics with every metric name the alert
    rules and the dashboard use; then ``apt-get remove`` and ``purge`` leave the export,
    the connection, the mount and the data alone.
+3. Beside nvmetcli (Debian sid's package, its dependencies Debian 12's, fetched by
+   scripts/fetch-nvmetcli), installed in either order: dpkg takes both (kvagent's
+   modules are private to its package, nvmetcli owns the shared ``nvmet`` module) and
+   both work: kvagent exports a pool, ``target export`` writes nvmetcli's format,
+   ``nvmetcli ls``/``save`` read the tree, ``nvmetcli clear`` + ``restore`` of
+   kvagent's export rebuild it as it was, and kvagent finds it converged.
 """
 
 from __future__ import annotations
@@ -35,11 +41,15 @@ from . import kit
 from .pools import DRIVES, KVAGENT, fabrics_controllers, umount_all_under, write_file
 from .test_daemon import free_port, get
 
-pytestmark = pytest.mark.kernel(group="lifecycle", weight=2.3)
+pytestmark = pytest.mark.kernel(group="lifecycle", weight=3.5)
 
 REPO = Path(__file__).resolve().parents[2]
 DEB = REPO / "build" / "deb" / f"kvagent_{__version__}_all.deb"
 BIN = "/usr/bin/kvagent"
+#: Where the package keeps kvagent's modules (debian/rules, debian/kvagent-launcher).
+MODULES = "/usr/share/kvagent"
+NVMETCLI_DEBS = REPO / "build" / "nvmetcli"
+CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
 UNIT = Path("/lib/systemd/system/kvagent.service")
 APT_ENV = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
 #: The VM has no network and apt has no package lists (virtme-ng's empty tmpfs on
@@ -63,9 +73,8 @@ def apt_get(*args: str) -> subprocess.CompletedProcess[str]:
 def packaged(*args: str, check: bool = True, timeout: float = 600
              ) -> subprocess.CompletedProcess[str]:
     """The packaged kvagent, with a clean environment (no venv on PATH, no PYTHONPATH)."""
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
     proc = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout,
-                          check=False, env=env, cwd="/")
+                          check=False, env=CLEAN_ENV, cwd="/")
     if check:
         assert proc.returncode == 0, f"kvagent {' '.join(args)} exited {proc.returncode}:\n" \
             f"{proc.stdout}\n{proc.stderr}"
@@ -90,13 +99,33 @@ def install() -> float:
 
 @pytest.fixture(scope="module")
 def package():
-    """The package installed once for the module; purged afterwards if still there."""
+    """The package installed once for the module, after nvmetcli's (the order in which
+    the shared ``nvmet`` module made dpkg refuse kvagent's); both purged afterwards if
+    still there."""
+    kit.prepare_apt()
+    started = time.monotonic()
+    apt_get("install", *nvmetcli_debs())
+    ci_log(f"apt-get install ./nvmetcli_*.deb and its dependencies (offline) took "
+           f"{time.monotonic() - started:.1f}s")
     seconds = install()
     ci_log(f"apt-get install ./{DEB.name} (offline) took {seconds:.1f}s")
     yield
-    if subprocess.run(["dpkg", "-s", "kvagent"], capture_output=True, check=False,
-                      ).returncode == 0:
-        apt_get("purge", "kvagent")
+    for name in ("kvagent", "nvmetcli"):
+        if installed(name):
+            apt_get("purge", name)
+
+
+def nvmetcli_debs() -> list[str]:
+    """nvmetcli's .deb and the Debian 12 packages it needs (scripts/fetch-nvmetcli)."""
+    debs = sorted(str(p) for p in NVMETCLI_DEBS.glob("*.deb"))
+    assert (NVMETCLI_DEBS / ".complete").exists() and any("/nvmetcli_" in d for d in debs), \
+        f"{NVMETCLI_DEBS} is missing: run scripts/setup (it runs scripts/fetch-nvmetcli)"
+    return debs
+
+
+def installed(package: str) -> bool:
+    return subprocess.run(["dpkg", "-s", package], capture_output=True,
+                          check=False).returncode == 0
 
 
 def data_path() -> dict[str, object]:
@@ -116,19 +145,27 @@ def test_install_is_offline_inert_and_complete(package: None) -> None:
     assert status == f"install ok installed {__version__}"
     assert packaged("--version").stdout.strip() == f"kvagent, version {__version__}"
 
-    # Debian's interpreter and libraries, not the test venv's.
+    # Debian's interpreter and libraries, not the test venv's; kvagent's own modules from
+    # the package's private directory, which the launcher puts first on the path.
     assert Path(BIN).read_text().splitlines()[0] == "#!/usr/bin/python3"
     probe = subprocess.run(
         ["/usr/bin/python3", "-c",
-         "import agent, click, structlog, prometheus_client, tenacity, yaml, pyudev;"
+         f"import sys; sys.path.insert(0, {MODULES!r});"
+         "import agent, nvmet, click, structlog, prometheus_client, tenacity, yaml, pyudev;"
          "from importlib.metadata import version as v;"
-         "print(agent.__file__);"
+         "print(agent.__file__); print(nvmet.__file__);"
          "print(' '.join(f'{p} {v(p)}' for p in ('click', 'structlog', 'prometheus-client',"
          " 'tenacity', 'PyYAML', 'pyudev')))"],
         capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin"}, cwd="/")
-    where, versions = probe.stdout.splitlines()
-    assert where == "/usr/lib/python3/dist-packages/agent/__init__.py"
+    where, nvmet_where, versions = probe.stdout.splitlines()
+    assert (where, nvmet_where) == (f"{MODULES}/agent/__init__.py",
+                                    f"{MODULES}/nvmet/__init__.py")
     ci_log(f"packaged kvagent runs on Debian's {versions}")
+    # Nothing in Python's shared module path, where other packages' modules live.
+    files = subprocess.run(["dpkg", "-L", "kvagent"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    shared = [f for f in files if f.startswith(("/usr/lib/python3", "/usr/local/lib/python3"))]
+    assert not shared, shared
 
     # The unit: installed, verifies cleanly, not enabled, nothing running.
     verify = subprocess.run(["systemd-analyze", "verify", str(UNIT)], capture_output=True,
@@ -176,6 +213,84 @@ def test_install_is_offline_inert_and_complete(package: None) -> None:
                  "/usr/share/kvagent/monitoring/kvagent.rules.yml",
                  "/usr/share/kvagent/monitoring/grafana/kvagent.json"):
         assert Path(path).stat().st_size > 0, path
+
+
+def nvmetcli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The installed nvmetcli (Debian's python3, its own nvmet module), clean environment;
+    ``home``: a writable HOME (configshell keeps its preferences there)."""
+    home.mkdir(exist_ok=True)
+    proc = subprocess.run(["nvmetcli", *args], capture_output=True, text=True, timeout=300,
+                          check=False, env={**CLEAN_ENV, "HOME": str(home)}, cwd="/")
+    assert proc.returncode == 0, f"nvmetcli {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def both_work(root: Path) -> None:
+    """kvagent exports a whole-drive pool; nvmetcli lists and saves it, clears it and
+    restores kvagent's ``target export``; kvagent then finds the tree converged. (Not a
+    file pool on tmpfs: nvmetcli neither saves nor restores ``buffered_io``, which
+    tmpfs needs; docs/operations.md says so.)"""
+    hostnqn = kit.local_hostnqn()
+    root.mkdir()
+    config, home = root / "kvagent.yaml", root / "home"
+    config.write_text(f"""
+version: 1
+node: {{name: nc, state_dir: {root}/state, run_dir: {root}/run}}
+target:
+  ports: [{{name: lo, id: 9, transport: tcp, address: 127.0.0.1, service: 4420}}]
+  pools:
+    - name: kv
+      backing: {{kind: device, devices: [{{path: {DRIVES[1]}, host: nc}}]}}
+      ports: [lo]
+      hosts: [{{name: nc, nqn: "{hostnqn}"}}]
+""")
+    nqn = subsystem_nqn("nqn.2026-11.io.kvagent", "nc", "kv", "nc")
+    try:
+        applied = json.loads(packaged("-c", str(config), "-o", "json", "apply").stdout)
+        assert applied["ok"] and applied["changed"], applied
+        exported = root / "config.json"
+        packaged("-c", str(config), "target", "export", "-f", str(exported))
+        assert nqn in nvmetcli(home, "ls").stdout
+        saved = root / "saved.json"
+        nvmetcli(home, "save", str(saved))
+        ours, theirs = json.loads(exported.read_text()), json.loads(saved.read_text())
+        for key, name in (("subsystems", "nqn"), ("hosts", "nqn"), ("ports", "portid")):
+            assert sorted(x[name] for x in ours[key]) == sorted(x[name] for x in theirs[key])
+        before = kit.nvmet_tree()
+        nvmetcli(home, "clear")
+        assert kit.nvmet_is_empty()
+        nvmetcli(home, "restore", str(exported))
+        assert kit.nvmet_tree() == before
+        plan = json.loads(packaged("-c", str(config), "-o", "json", "plan").stdout)
+        assert plan["actions"] == [] and not plan["changed"], plan
+        status = packaged("-c", str(config), "-o", "json", "status", "--no-drives")
+        assert json.loads(status.stdout)["pools"], status.stdout
+    finally:
+        subprocess.run(["nvmetcli", "clear"], capture_output=True, timeout=300, check=False,
+                       env={**CLEAN_ENV, "HOME": str(home)})
+
+
+def test_beside_nvmetcli_in_either_order_both_work(package: None, tmp_path: Path) -> None:
+    """nvmetcli was installed first (the fixture): both work. Then nvmetcli again with
+    kvagent there: both still run."""
+    both_work(tmp_path / "nvmetcli-first")
+    owner = subprocess.run(["dpkg", "-S", "/usr/lib/python3/dist-packages/nvmet/__init__.py"],
+                           capture_output=True, text=True, check=True).stdout
+    assert owner.split(":")[0] == "nvmetcli", owner
+
+    started = time.monotonic()
+    apt_get("purge", "nvmetcli")
+    apt_get("install", *nvmetcli_debs())
+    again = time.monotonic() - started
+    home = tmp_path / "home"
+    assert "subsystems" in nvmetcli(home, "ls").stdout
+    assert packaged("--version").stdout.strip() == f"kvagent, version {__version__}"
+    assert json.loads(packaged("-o", "json", "status", "--no-drives").stdout)["pools"] == []
+    versions = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${Version}, ",
+                               "kvagent", "nvmetcli", "python3-configshell-fb"],
+                              capture_output=True, text=True, check=True).stdout
+    ci_log(f"installed together in either order, both work: {versions.rstrip(', ')} "
+           f"(nvmetcli purged and installed again beside kvagent in {again:.0f}s)")
 
 
 def test_lab_flow_with_the_packaged_kvagent_then_remove_keeps_the_data_path(

@@ -111,7 +111,7 @@ def test_a_project_without_a_record_reads_as_zero(monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.parametrize(("code", "words"), [
-    (errno.ENOSYS, "Linux 5.14"), (errno.EPERM, "needs root"),
+    (errno.ENOSYS, "Linux 5.14"), (errno.EPERM, "SystemCallFilter="),
     (errno.ESRCH, "mount with prjquota"), (errno.ENOTTY, "not xfs"),
 ])
 def test_a_refusal_is_explained(monkeypatch: pytest.MonkeyPatch, code: int, words: str) -> None:

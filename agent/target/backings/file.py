@@ -42,6 +42,10 @@ from ..usage import DeviceUse
 from .base import BackingPlan, Doomed, PassContext, Step, Volume, grantees
 
 log = get_logger("file-backing")
+#: The system calls this module makes past Python's own wrappers (an anonymous mmap
+#: buffer for the O_DIRECT probe); the unit's SystemCallFilter must allow them
+#: (tests/unit/health/test_systemd_syscalls.py).
+SYSCALLS = ("mmap", "munmap")
 #: The only relative paths kvagent ever creates in a pool directory.
 OWNED_NAME = re.compile(r"^(shared|[a-z0-9][a-z0-9-]{0,31})/(ns[1-9][0-9]{0,3}\.img|"
                         r"\.ns[1-9][0-9]{0,3}\.img\.creating)$")

@@ -51,7 +51,8 @@ from .config import Config, ConfigError, load_config
 from .errors import KvagentError
 from .events import Batch, Batcher, ControllerWatch, DeviceEvent, UdevFeed
 from .health import notify
-from .health.collect import Topology, collect, read_topology
+from .health.collect import Topology, collect, read_topology, refresh_target
+from .health.drift import Drift, DriftTracker, Facts, PoolKey
 from .health.metrics import write_textfile
 from .health.server import HealthServer, SnapshotStore
 from .health.snapshot import ApplyBusy, ApplySummary, LoopCounters, Snapshot, overall_state
@@ -101,6 +102,11 @@ class Schedule:
     def collected(self, now: float, cfg: Config) -> None:
         self.collect = now + cfg.health.interval
 
+    def collect_by(self, when: float | None) -> None:
+        """Collect no later than ``when`` (a drift held back by its back-off is due)."""
+        if when is not None:
+            self.collect = min(self.collect, when)
+
 
 class Agent:
     """The loop's state: config, counters, the snapshot store and the HTTP server."""
@@ -133,6 +139,10 @@ class Agent:
         #: when: the periodic collects in between reuse it.
         self.topology: Topology | None = None
         self.topology_at = 0.0
+        #: What the passes left of kvagent's own objects, and what drifted since.
+        self.drift = DriftTracker(cfg.health.interval, cfg.health.full_interval)
+        #: Drift the last collect found that is due to be healed (the loop's next step).
+        self.heal_next: list[Drift] = []
 
     # ----------------------------------------------------------------- signals
     def install_signals(self) -> None:
@@ -147,17 +157,26 @@ class Agent:
 
     # ------------------------------------------------------------------- steps
     def reconcile(self, *, wait_for_lock: bool = False, rebind: tuple[str, ...] = (),
-                  attach_only: tuple[str, ...] | None = None) -> RunResult | KvagentError:
+                  attach_only: tuple[str, ...] | None = None,
+                  target_only: bool = False) -> RunResult | KvagentError:
         """One apply pass (never raises) and a fresh snapshot; returns the pass's outcome.
 
         ``wait_for_lock`` and ``rebind`` come from ``kvagent apply`` requests (this pass
-        only); ``attach_only`` makes it an attach pass over those initiator pools.
+        only); ``attach_only`` makes it an attach pass over those initiator pools,
+        ``target_only`` the storage side's pass alone. The snapshot after it is the drift
+        baseline of the pools the pass covered.
         """
         started = time.time()
+        covered: set[PoolKey] | None = None
+        if attach_only is not None:
+            covered = {("initiator", p) for p in attach_only}
+        elif target_only:
+            covered = {("target", p.name) for p in (self.cfg.target.pools
+                                                     if self.cfg.target else ())}
         try:
             result = run_pass(self.cfg, dry_run=False, runner=self.runner,
                               wait_for_lock=wait_for_lock, rebind=rebind,
-                              attach_only=attach_only)
+                              attach_only=attach_only, target_only=target_only)
         except progress.Stopping:
             log.warning("pass stopped at a step boundary: the agent is stopping; the next "
                         "start finishes it", seconds=round(time.time() - started, 1))
@@ -166,7 +185,7 @@ class Agent:
                                 "the agent's next pass finishes the work")
         except Busy as exc:
             self._skipped(exc)
-            self.collect()
+            self.collect()  # (nothing ran: no new baseline)
             return exc
         except (KvagentError, OSError) as exc:
             log.error("apply pass failed", error=str(exc))
@@ -175,7 +194,7 @@ class Agent:
                 self.counters, apply_runs=self.counters.apply_runs + 1,
                 apply_failures=self.counters.apply_failures + 1)
             self.last_apply = ApplySummary(time.time(), False, 0, 1, time.time() - started)
-            self.collect()
+            self.collect(after_pass=covered)
             return exc if isinstance(exc, KvagentError) else KvagentError(str(exc))
         except Exception as exc:  # a bug escaping the pass: this pass fails, the loop goes on
             log.error("unexpected error in the apply pass", exc_info=exc)
@@ -187,7 +206,7 @@ class Agent:
                 unexpected_errors=self.counters.unexpected_errors + 1)
             self.last_apply = ApplySummary(time.time(), False, 0, 1, time.time() - started,
                                            (("agent", None, message),), 1)
-            self.collect()
+            self.collect(after_pass=covered)
             return KvagentError(message, UNEXPECTED_HINT)
         self._not_busy()
         failed = sum(1 for a in result.actions if a.status == "failed") + len(result.errors)
@@ -204,7 +223,7 @@ class Agent:
         for e in result.errors:
             log.warning("apply problem", role=e.role, pool=e.pool, error=e.message, hint=e.hint)
         self._keep_discovery_controllers()
-        self.collect()
+        self.collect(after_pass=covered)
         return result
 
     def _keep_discovery_controllers(self) -> None:
@@ -253,13 +272,19 @@ class Agent:
         self.counters = dataclasses.replace(self.counters, apply_busy_passes=0)
         daemonfiles.clear_busy(self.run_dir)
 
-    def collect(self, *, fresh: bool = True) -> Snapshot:
-        """Collect a snapshot, store it, write the textfile, report STATUS= to systemd.
+    _ALL: Any = object()
+
+    def collect(self, *, fresh: bool = True, after_pass: Any = _ALL) -> Snapshot:
+        """Collect a snapshot, store it, write the textfile, report STATUS= to systemd;
+        find drift (:mod:`agent.health.drift`) and leave what is due in ``heal_next``.
 
         ``fresh``: read the host's topology now (after a pass, on a device event); the
         periodic collect (not fresh) reuses the last one, read at most
         ``health.full_interval`` ago, and reads only what has no events (mounts, usage,
-        drives)."""
+        drives) and the storage side (configfs has none: a change there is drift).
+        ``after_pass``: the pools the pass just run covered (None: every pool), whose
+        facts become the drift baseline; not given: no pass ran, every pool is compared."""
+        facts: Facts | None = None
         try:
             topology = self.topology
             if fresh or topology is None or (
@@ -267,9 +292,12 @@ class Agent:
                 self.topology = None  # (a failed read is not reused)
                 topology = read_topology(self.cfg)
                 self.topology, self.topology_at = topology, self.clock()
+            elif self.cfg.target is not None and self.cfg.target.pools:
+                topology = self.topology = refresh_target(self.cfg, topology)
             snap = collect(self.cfg, self.runner, last_apply=self.last_apply,
                            counters=self.counters, config_error=self.config_error,
                            topology=topology)
+            facts = snap.facts
         except Exception as exc:  # the loop must survive a collector bug
             log.error("health collect failed", error=f"{type(exc).__name__}: {exc}")
             previous = self.store.get()
@@ -277,7 +305,10 @@ class Agent:
                     if previous else Snapshot(time.time(), self.clock(), self.cfg.node.name,
                                               config_error=self.config_error,
                                               counters=self.counters))
-        snap = dataclasses.replace(snap, apply_busy=self.busy, counters=self.counters)
+        if facts is not None:
+            self._find_drift(facts, after_pass)
+        snap = dataclasses.replace(snap, apply_busy=self.busy, counters=self.counters,
+                                   drift=self.drift.lately())
         self.store.set(snap)
         if self.server is not None:
             self.server.metrics.warm()  # scrapes then only add the head and the tail
@@ -318,6 +349,8 @@ class Agent:
         old_listen = self.cfg.health.listen
         self.cfg = new
         self.topology = None  # (read for the old config)
+        self.drift.interval = new.health.interval
+        self.drift.full_interval = new.health.full_interval
         self.config_error = None
         self.counters = dataclasses.replace(self.counters,
                                             config_reloads=self.counters.config_reloads + 1)
@@ -480,6 +513,44 @@ class Agent:
                 snap = self.store.get()
                 if snap is not None:
                     self.store.set(snap.ticked(taken_at=time.time(), tick_at=self.clock()))
+            if self.heal_next and pending != "stop" and not progress.stop_requested():
+                self._heal(schedule)
+            schedule.collect_by(self.drift.next_heal())
+
+    def _find_drift(self, facts: Facts, after_pass: Any) -> None:
+        """Compare a collect's facts with the baseline the passes left; what is due goes to
+        ``heal_next`` (a fresh baseline for what a pass just covered)."""
+        if after_pass is self._ALL:
+            drifts = self.drift.observe(facts)
+        else:
+            drifts = self.drift.passed(facts, after_pass)
+        self.heal_next = self.drift.due(drifts, now=self.clock(), wall=time.time())
+        self.counters = dataclasses.replace(
+            self.counters, drift_detected=tuple(
+                (role, kind, n) for (role, kind), n in sorted(self.drift.detected_total.items())))
+        held = self.drift.held
+        if held:
+            log.warning("drift: kvagent's own objects keep changing behind its back; healing "
+                        "again after a back-off", changes=[d.describe() for d in held],
+                        pools=sorted({f"{d.role} {d.pool}" for d in held}))
+
+    def _heal(self, schedule: Schedule) -> None:
+        """A targeted pass for the drift found: the storage side's pass for a storage pool,
+        an attach pass over the drifted GPU pools."""
+        drifts, self.heal_next = self.heal_next, []
+        self.drift.healing(drifts, now=self.clock())
+        self.counters = dataclasses.replace(self.counters,
+                                            drift_heals=self.counters.drift_heals + 1)
+        log.warning("drift: kvagent's own objects changed behind its back; healing now",
+                    changes=[d.describe() for d in drifts],
+                    pools=sorted({f"{d.role} {d.pool}" for d in drifts}))
+        if any(d.role == "target" for d in drifts):
+            outcome = self.reconcile(target_only=True)
+            schedule.passed(self.clock(), self.cfg, full=False, ok=_ok(outcome))
+        pools = tuple(sorted({d.pool for d in drifts if d.role == "initiator"}))
+        if pools:
+            outcome = self.reconcile(attach_only=pools)
+            schedule.passed(self.clock(), self.cfg, full=False, ok=_ok(outcome))
 
     def _on_devices(self, batch: Batch, schedule: Schedule) -> None:
         """A batch of device events: collect at once (a lost controller shows now), then,

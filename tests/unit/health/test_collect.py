@@ -46,9 +46,10 @@ def test_exported_pool_is_ok(tmp_path: Path) -> None:
     cfg, fs = applied(tmp_path)
     fs.files_read.clear()
     snap = collect(cfg, FakeRunner(), fs=fs, drives=False)
-    # Every collect reads nvmet: only the namespaces' enable (names and links are listings).
-    assert {p.rsplit("/", 1)[1] for p in fs.files_read} == {"enable"}
-    assert len(fs.files_read) == 2 and max(fs.files_read.values()) == 1
+    # Every collect reads nvmet: only the namespaces' enable and the subsystems'
+    # attr_allow_any_host (names and links are listings; agent.health.drift).
+    assert {p.rsplit("/", 1)[1] for p in fs.files_read} == {"enable", "attr_allow_any_host"}
+    assert len(fs.files_read) == 3 and max(fs.files_read.values()) == 1
     (pool,) = snap.pools
     assert (pool.state, pool.ready, pool.problems) == ("ok", True, ())
     t = pool.target

@@ -160,7 +160,7 @@ def nqn_of(fs: FakeConfigFS) -> str:
 
 
 def test_the_agent_heals_an_unlinked_port_at_the_next_collect(storage_agent) -> None:
-    agent, fs, clock, schedule = storage_agent
+    agent, fs, _clock, schedule = storage_agent
     nqn = nqn_of(fs)
     link = f"ports/3/subsystems/{nqn}"
     assert fs.exists(link)
@@ -204,7 +204,7 @@ def test_the_agent_bounds_a_fight_and_says_what_keeps_changing(storage_agent) ->
 
 
 def test_a_full_pass_covers_everything_and_a_heal_counts_nothing_twice(storage_agent) -> None:
-    agent, fs, clock, schedule = storage_agent
+    agent, fs, _clock, _schedule = storage_agent
     fs.unlink(f"ports/3/subsystems/{nqn_of(fs)}")
     agent.collect(fresh=False)
     assert agent.heal_next

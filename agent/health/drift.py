@@ -68,7 +68,7 @@ def target_facts(live: nvmet.Tree, nqns: Iterable[str], port_ids: Iterable[int],
         if sub is None:
             continue
         facts.add(("subsystem", nqn, ""))
-        facts.add(("allow any host", nqn, sub.attrs.get("attr_allow_any_host", "")))
+        facts.add(("allow any host", nqn, sub.attrs.get("allow_any_host", "")))
         for nsid, ns in sub.namespaces.items():
             facts.add(("namespace", f"{nqn} nsid {nsid}",
                        "enabled" if ns.enable else "disabled"))

@@ -29,7 +29,7 @@ NQN = "nqn.2024-01.io.kvagent:stor:kv:gpu"
 def tree(*, enable: bool = True, hosts: frozenset[str] = frozenset({HOST}),
          links: frozenset[str] = frozenset({NQN}), port: bool = True, key: str = "k1",
          allow_any: str = "0", nsids: tuple[int, ...] = (1, 2)) -> Tree:
-    sub = Subsystem(NQN, attrs={"attr_allow_any_host": allow_any},
+    sub = Subsystem(NQN, attrs={"allow_any_host": allow_any},
                     namespaces={n: Namespace(n, enable=enable) for n in nsids},
                     allowed_hosts=hosts)
     return Tree(hosts=[Host(HOST, attrs={"dhchap_key": key})], subsystems=[sub],
@@ -157,6 +157,35 @@ def storage_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def nqn_of(fs: FakeConfigFS) -> str:
     (nqn,) = [e.name for e in fs.list("subsystems")]
     return nqn
+
+
+def _allow_any(fs: FakeConfigFS, nqn: str) -> None:
+    for host in fs.list(f"subsystems/{nqn}/allowed_hosts"):
+        fs.unlink(f"subsystems/{nqn}/allowed_hosts/{host.name}")
+    fs.write(f"subsystems/{nqn}/attr_allow_any_host", "1")
+
+
+@pytest.mark.parametrize(("change", "kinds"), [
+    (lambda fs, nqn: fs.write(f"subsystems/{nqn}/namespaces/2/enable", "0"), {"namespace"}),
+    (lambda fs, nqn: fs.unlink(f"subsystems/{nqn}/allowed_hosts/{HOST}"), {"allowed host"}),
+    (_allow_any, {"allowed host", "allow any host"}),
+    (lambda fs, nqn: (fs.unlink(f"ports/3/subsystems/{nqn}"), fs.rmdir("ports/3")),
+     {"port", "port link"}),
+], ids=["namespace disabled", "host removed", "any host allowed", "port removed"])
+def test_the_agent_heals_each_kind_through_the_nvmet_reader(storage_agent, change,
+                                                            kinds) -> None:
+    agent, fs, _clock, schedule = storage_agent
+    nqn = nqn_of(fs)
+    change(fs, nqn)
+    agent.collect(fresh=False)
+    assert {d.kind for d in agent.heal_next} == kinds
+    agent._heal(schedule)
+    agent.collect(fresh=False)
+    assert agent.heal_next == [] and agent.store.get().pools[0].state == "ok"
+    assert fs.read(f"subsystems/{nqn}/attr_allow_any_host") == "0"
+    assert fs.read(f"subsystems/{nqn}/namespaces/2/enable") == "1"
+    assert [e.name for e in fs.list(f"subsystems/{nqn}/allowed_hosts")] == [HOST]
+    assert fs.exists(f"ports/3/subsystems/{nqn}")
 
 
 def test_the_agent_heals_an_unlinked_port_at_the_next_collect(storage_agent) -> None:

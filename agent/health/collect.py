@@ -29,7 +29,7 @@ from nvmet.errors import NvmetError
 
 from ..config.model import Config, InitiatorPool, TargetPool
 from ..errors import KvagentError
-from ..initiator.mounts import MOUNTINFO, MountEntry, read_mounts
+from ..initiator.mounts import MOUNTINFO, MountEntry, device_gone, read_mounts
 from ..initiator.sysfs import Controller, NamespaceHead, Sysfs
 from ..initiator.xfsmount import is_shut_down
 from ..log import get_logger
@@ -148,7 +148,8 @@ def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
             if record is not None:
                 facts[("initiator", pool.name)] = initiator_facts(
                     (c.name for c in ctrls),
-                    (m for m in record.mounts if os.path.normpath(m) in table))
+                    (m for m in record.mounts if (e := table.get(os.path.normpath(m)))
+                     and not device_gone(e.device, cfg.node.sysfs)))
     found_drives = ()
     if drives:
         try:
@@ -351,7 +352,8 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
         table = _mount_table()
     entries = {m: table.get(os.path.normpath(m)) for m in mounts}
     mounted = [m for m in mounts if entries[m] is not None]
-    dead = _shut_down(mounted, shut_down)
+    orphaned = [m for m in mounted if device_gone(entries[m].device, cfg.node.sysfs)]
+    dead = [*orphaned, *_shut_down([m for m in mounted if m not in orphaned], shut_down)]
     size = free = 0
     for m in mounted:
         try:
@@ -383,10 +385,14 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
         problems.append(f"{len(devices) - found} of {len(devices)} namespaces missing")
     if len(mounted) < len(mounts):
         problems.append(f"not mounted: {', '.join(sorted(set(mounts) - set(mounted)))}")
-    if dead:
+    if orphaned:
+        problems.append(f"filesystem on a namespace that went away while it was mounted: "
+                        f"{', '.join(orphaned)}; kvagent mounts the namespace again once it "
+                        "is back and nothing holds the mount")
+    if len(dead) > len(orphaned):
         problems.append(f"filesystem shut down after I/O errors (a storage outage): "
-                        f"{', '.join(dead)}; kvagent mounts it again once a controller of "
-                        "the pool is live and nothing holds it")
+                        f"{', '.join(dead[len(orphaned):])}; kvagent mounts it again once "
+                        "a controller of the pool is live and nothing holds it")
     problems += engine_problems
     probe = topo.probes.get(pool.name)
     if probe and not probe["odirect"]:

@@ -27,7 +27,7 @@ from . import kit
 from .crash import ci_log
 from .pools import Lab
 from .test_daemon import free_port, get
-from .test_events import cli, gpu_agent, lab, mounted  # noqa: F401 (the lab fixture)
+from .test_events import cli, gpu_agent, lab, mounted, quiet  # noqa: F401 (the lab fixture)
 
 pytestmark = pytest.mark.kernel(group="lifecycle", weight=2)
 PORT_ID = 33
@@ -154,10 +154,12 @@ def test_each_kind_of_drift_is_healed_by_the_next_collect(lab: Lab) -> None:  # 
             kit.wait_for(lambda: get(f"http://127.0.0.1:{gport}/readyz")[0] == 200, 120,
                          interval=0.3, what="the GPU pool ready after the port came back")
 
+            quiet(gport)  # (no pass in flight that would heal the next change unseen)
             (mount,) = sorted(mounted(lab))[:1]
             times["mount gone"] = heal(
                 gport, "initiator", "mount", lambda: kit.sh("umount", mount),
                 lambda: mount in mounted(lab), "a pool mount unmounted", events=True)
+            quiet(gport)
             (ctrl,) = [p.name for p in kit.controllers_for(nqn)]
             times["controller deleted"] = heal(
                 gport, "initiator", "controller",

@@ -553,16 +553,18 @@ class Agent:
             schedule.passed(self.clock(), self.cfg, full=False, ok=_ok(outcome))
 
     def _on_devices(self, batch: Batch, schedule: Schedule) -> None:
-        """A batch of device events: collect at once (a lost controller shows now), then,
-        when something appeared, attach the initiator pools (a new namespace is mounted
-        and handed off)."""
+        """A batch of device events: when something appeared, attach the initiator pools
+        (a new namespace is mounted and handed off; the collect after the pass shows
+        it); when something went away, collect first (a lost controller shows now)."""
         self.counters = dataclasses.replace(
             self.counters, device_events=self.counters.device_events + batch.count,
             device_batches=self.counters.device_batches + 1)
         log.info("device events", events=batch.count, kinds=batch.summary())
-        self.collect()
         pools = tuple(p.name for p in self.cfg.initiator.pools) if self.cfg.initiator else ()
-        if pools and batch.something_appeared:
+        attach = bool(pools) and batch.something_appeared
+        if not attach or batch.something_went:
+            self.collect()
+        if attach:
             outcome = self.reconcile(attach_only=pools)
             schedule.passed(self.clock(), self.cfg, full=False, ok=_ok(outcome))
         else:

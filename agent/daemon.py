@@ -158,13 +158,15 @@ class Agent:
     # ------------------------------------------------------------------- steps
     def reconcile(self, *, wait_for_lock: bool = False, rebind: tuple[str, ...] = (),
                   attach_only: tuple[str, ...] | None = None,
-                  target_only: bool = False) -> RunResult | KvagentError:
+                  target_only: bool = False,
+                  rediscover: bool = True) -> RunResult | KvagentError:
         """One apply pass (never raises) and a fresh snapshot; returns the pass's outcome.
 
         ``wait_for_lock`` and ``rebind`` come from ``kvagent apply`` requests (this pass
         only); ``attach_only`` makes it an attach pass over those initiator pools,
-        ``target_only`` the storage side's pass alone. The snapshot after it is the drift
-        baseline of the pools the pass covered.
+        ``target_only`` the storage side's pass alone; without ``rediscover`` an attach
+        pass takes the subsystems its pools' records found. The snapshot after it is the
+        drift baseline of the pools the pass covered.
         """
         started = time.time()
         covered: set[PoolKey] | None = None
@@ -176,7 +178,8 @@ class Agent:
         try:
             result = run_pass(self.cfg, dry_run=False, runner=self.runner,
                               wait_for_lock=wait_for_lock, rebind=rebind,
-                              attach_only=attach_only, target_only=target_only)
+                              attach_only=attach_only, target_only=target_only,
+                              rediscover=rediscover)
         except progress.Stopping:
             log.warning("pass stopped at a step boundary: the agent is stopping; the next "
                         "start finishes it", seconds=round(time.time() - started, 1))
@@ -565,7 +568,9 @@ class Agent:
         if not attach or batch.something_went:
             self.collect()
         if attach:
-            outcome = self.reconcile(attach_only=pools)
+            # New subsystems come with a discovery AEN; a namespace added or a controller
+            # back needs no discovery (a command, and the storage host asked, per pool).
+            outcome = self.reconcile(attach_only=pools, rediscover=batch.rediscover)
             schedule.passed(self.clock(), self.cfg, full=False, ok=_ok(outcome))
         else:
             schedule.collected(self.clock(), self.cfg)

@@ -100,6 +100,12 @@ class Batch:
         return self.dropped > 0 or any(_appeared(e) for e in self.events)
 
     @property
+    def rediscover(self) -> bool:
+        """Whether the storage hosts may offer new subsystems: an AEN (a discovery log
+        change comes as one; events not kept count as one)."""
+        return self.dropped > 0 or any(e.kind == "aen" for e in self.events)
+
+    @property
     def something_went(self) -> bool:
         """Whether something went away: a controller removed or no longer live, a
         namespace removed (events not kept count as going)."""

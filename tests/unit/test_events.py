@@ -472,3 +472,19 @@ def test_the_periodic_collect_reads_no_topology_between_events(tmp_path: Path,
     loop.collect(fresh=False)
     assert reads == [1000.0, 1270.0, 1570.0]
     assert loop.store.get() is not None
+
+
+@pytest.mark.parametrize(("events", "dropped", "expected"), [
+    ([DeviceEvent("namespace", "add", "nvme1n3")], 0, False),
+    ([DeviceEvent("controller", "state live", "nvme1")], 0, False),
+    ([DeviceEvent("aen", "change", "nvme3"), DeviceEvent("namespace", "add", "nvme1n3")], 0,
+     True),
+    ([DeviceEvent("namespace", "add", "nvme1n3")], 3, True),
+])
+def test_only_an_aen_can_bring_new_subsystems(events: list[DeviceEvent], dropped: int,
+                                              expected: bool) -> None:
+    """A discovery log change comes as an AEN: only then (or with events not kept) does
+    the attach pass ask the storage hosts again which subsystems a pool has."""
+    from agent.events import Batch
+
+    assert Batch(events, dropped).rediscover is expected

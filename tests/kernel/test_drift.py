@@ -176,8 +176,9 @@ def test_each_kind_of_drift_is_healed_by_the_next_collect(lab: Lab) -> None:  # 
                 lambda: bool(kit.controllers_for(nqn)) and live_mounts(lab) == 2,
                 "the pool's controller disconnected", events=True)
             assert gproc.poll() is None and sproc.poll() is None
-            for p in (sport, gport):
-                assert series(p)["kvagent_apply_failures_total"] == 0
+            # The storage agent's passes never failed (the GPU side's may have, while its
+            # storage was unlinked: that is what the drift broke).
+            assert series(sport)["kvagent_apply_failures_total"] == 0
     ci_log("drift: healed after " + ", ".join(f"{k} {v:.1f}s" for k, v in times.items()))
     # Teardown: the GPU side first, then the storage side.
     kit.sh("nvme", "disconnect-all", check=False)

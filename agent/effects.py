@@ -13,8 +13,8 @@ right after it and a pass that makes it every time does not look converged:
 ``record.remove``  a record removed (a forgotten pool's, a destroyed pool's manifest)
 ``tree.remove``    a directory removed with all it holds (a pool's rendered configs)
 ``dir.make``       a directory made (engine dirs, mount points, pool directories)
-``dir.owner``      a directory's owner changed
-``dir.mode``       a directory's mode changed
+``dir.owner``      an open directory's owner changed
+``dir.mode``       an open directory's mode changed
 ``dir.remove``     an empty directory removed (mount points, pool directories)
 ``file.rename``    a file renamed into place (pool files)
 
@@ -189,16 +189,18 @@ def missing_dirs(path: StrPath) -> list[str]:
     return list(reversed(missing))
 
 
-def chown(path: StrPath, uid: int, gid: int) -> None:
-    """Give a directory (not a link's target) another owner and group."""
-    os.chown(path, uid, gid, follow_symlinks=False)
-    failpoints.step("dir.owner", os.fspath(path))
+def fchown(fd: int, uid: int, gid: int, *, subject: str) -> None:
+    """Give the open directory ``fd`` another owner and group (``subject``: its path, for
+    the step): the directory opened and checked is the one changed, whatever its path
+    leads to now."""
+    os.fchown(fd, uid, gid)
+    failpoints.step("dir.owner", subject)
 
 
-def chmod(path: StrPath, mode: int) -> None:
-    """Give a directory (not a link's target) another mode."""
-    os.chmod(path, mode, follow_symlinks=False)
-    failpoints.step("dir.mode", os.fspath(path))
+def fchmod(fd: int, mode: int, *, subject: str) -> None:
+    """Give the open directory ``fd`` another mode (see :func:`fchown`)."""
+    os.fchmod(fd, mode)
+    failpoints.step("dir.mode", subject)
 
 
 def rmdir(path: StrPath) -> None:

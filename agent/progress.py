@@ -13,6 +13,12 @@ process makes progress while ``now < step start + bound + GRACE`` (inside a step
 :func:`beat` whenever it wakes up). Once wedged, the supervisor stops sending
 ``WATCHDOG=1`` and systemd restarts the agent.
 
+Displays: a listener (:func:`set_listener`; ``kvagent apply``'s progress line on a
+terminal) hears each step start and end. Code working for one pool says so around its
+steps (``with progress.working_on(pool.name): ...``), so a display can name the pool;
+a step may carry a ``label`` for displays (the runner's: the command line, secrets
+hidden). Neither changes a bound.
+
 SIGTERM: :func:`request_stop` (safe in a signal handler: it only sets a flag) makes
 the next step boundary raise :class:`Stopping` — at the start of a step, in
 :func:`sleep` and :func:`checkpoint`, and in the runner, which kills the command in
@@ -52,10 +58,18 @@ class Step:
     what: str
     started: float
     bound: float
+    #: what the step is for (a pool), from :meth:`Tracker.working_on`; None: the host
+    subject: str | None = None
+    #: what a display shows of it (default: ``what``)
+    label: str = ""
 
     @property
     def deadline(self) -> float:
         return self.started + self.bound + GRACE
+
+
+#: Hears a step's ``"start"`` or ``"end"`` (:meth:`Tracker.set_listener`).
+Listener = Callable[[str, Step], None]
 
 
 class Tracker:
@@ -68,15 +82,20 @@ class Tracker:
         self.last_progress = clock()
         #: Set (a plain assignment, signal-safe) by :meth:`request_stop`.
         self.stop_requested = False
+        #: Hears every step start and end (:meth:`set_listener`).
+        self.listener: Listener | None = None
+        self._subjects: list[str] = []
 
     # ------------------------------------------------------------ progress
     @contextlib.contextmanager
-    def step(self, what: str, bound: float) -> Iterator[Step]:
+    def step(self, what: str, bound: float, label: str = "") -> Iterator[Step]:
         """A step that takes at most ``bound`` s; raises :class:`Stopping` once stopped."""
         self.checkpoint()
-        current = Step(what, self.clock(), max(0.0, bound))
+        subject = self._subjects[-1] if self._subjects else None
+        current = Step(what, self.clock(), max(0.0, bound), subject, label)
         with self._lock:
             self._steps.append(current)
+        self._tell("start", current)
         try:
             yield current
         finally:
@@ -84,6 +103,27 @@ class Tracker:
                 if current in self._steps:
                     self._steps.remove(current)
                 self.last_progress = self.clock()
+            self._tell("end", current)
+
+    @contextlib.contextmanager
+    def working_on(self, subject: str) -> Iterator[None]:
+        """The steps inside are for ``subject`` (a pool), for displays."""
+        self._subjects.append(subject)
+        try:
+            yield
+        finally:
+            self._subjects.pop()
+
+    def set_listener(self, listener: Listener | None) -> None:
+        """Call ``listener(event, step)`` at each step's ``"start"`` and ``"end"`` (None:
+        nobody). A listener that fails is ignored: a display never fails the work."""
+        self.listener = listener
+
+    def _tell(self, event: str, step: Step) -> None:
+        listener = self.listener
+        if listener is not None:
+            with contextlib.suppress(Exception):
+                listener(event, step)
 
     def beat(self) -> None:
         """Progress made between steps (the loop woke up, a pass ended)."""
@@ -134,9 +174,19 @@ class Tracker:
 tracker = Tracker()
 
 
-def step(what: str, bound: float) -> contextlib.AbstractContextManager[Step]:
+def step(what: str, bound: float, label: str = "") -> contextlib.AbstractContextManager[Step]:
     """:meth:`Tracker.step` of the process's tracker."""
-    return tracker.step(what, bound)
+    return tracker.step(what, bound, label)
+
+
+def working_on(subject: str) -> contextlib.AbstractContextManager[None]:
+    """:meth:`Tracker.working_on` of the process's tracker."""
+    return tracker.working_on(subject)
+
+
+def set_listener(listener: Listener | None) -> None:
+    """:meth:`Tracker.set_listener` of the process's tracker."""
+    tracker.set_listener(listener)
 
 
 def beat() -> None:

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING
 
+from . import progress
 from .config import Config
 from .errors import KvagentError
 from .lock import LockHolder, apply_lock
@@ -90,8 +91,9 @@ def hand_off_pools(cfg: Config, mounted: Iterable[MountedPool], result: RunResul
 
     for m in mounted:
         try:
-            hand_off(cfg, m.pool, m.mounts, m.transport, m.remounted, result,
-                     fresh=m.fresh)
+            with progress.working_on(m.pool.name):
+                hand_off(cfg, m.pool, m.mounts, m.transport, m.remounted, result,
+                         fresh=m.fresh)
         except (KvagentError, OSError) as exc:
             result.error("initiator", m.pool.name, getattr(exc, "message", None) or str(exc),
                          getattr(exc, "hint", None))

@@ -1,5 +1,6 @@
-"""The "left out: ..." part of scripts/test's last line, from the kernel tier's summary
-(written by tests/vmplugin.py under ``KVAGENT_TIER_SUMMARY``).
+"""scripts/test's verdict (its last line, less the timings), from the kernel tier's
+summary (written by tests/vmplugin.py under ``KVAGENT_TIER_SUMMARY``): what it left out
+first, then what passed; "all passed" only when it left nothing out.
 
 ``python -m tests.tiersummary SUMMARY [--second-kernel-off] [--long-off] [-- PYTEST_ARGS...]``
 """
@@ -68,9 +69,33 @@ def _parts(counts: Counter[str | None], summary: dict[str, Any],
     return ", ".join(parts)
 
 
+def verdict(summary: dict[str, Any] | None, second_kernel_off: bool, args: Sequence[str],
+            long_off: bool = False) -> str:
+    """``left out: ...; passed: ...`` (the left-out part of :func:`left_out` first), or
+    ``all passed: ...`` when nothing was left out. What passed: lint, the unit tier (with
+    the pytest arguments it ran under) and the kernel tier's groups and tests as booted."""
+    ran = ["lint", f"unit tier (arguments: {shlex.join(args)})" if args else "unit tier"]
+    if summary is None:
+        ran.append("kernel tier (what it ran is unknown)")
+    else:
+        kernel = [_count(len(summary["booted"]), "group"),
+                  _count(sum(summary["booted"].values()), "test")]
+        if summary["vmhost"]:
+            kernel.append(_count(summary["vmhost"], "host-side vmhost test"))
+        ran.append(f"kernel tier ({', '.join(kernel)})")
+    gone = left_out(summary, second_kernel_off, args, long_off)
+    if gone == "left out: none":
+        return "all passed: " + ", ".join(ran)
+    return f"{gone}; passed: {', '.join(ran)}"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
 def main(argv: Sequence[str]) -> None:
     """``SUMMARY [--second-kernel-off] [--long-off] [-- PYTEST_ARGS...]``: prints the
-    left-out part."""
+    verdict."""
     own, args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
         else (argv, [])
     parser = argparse.ArgumentParser(prog="python -m tests.tiersummary")
@@ -78,7 +103,7 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--second-kernel-off", action="store_true")
     parser.add_argument("--long-off", action="store_true")
     ns = parser.parse_args(own)
-    print(left_out(read(ns.summary), ns.second_kernel_off, args, ns.long_off))
+    print(verdict(read(ns.summary), ns.second_kernel_off, args, ns.long_off))
 
 
 if __name__ == "__main__":

@@ -14,12 +14,12 @@ from ..reconcile import run_pass
 from ..result import RunResult
 from .context import load_cli_config
 from .delegate import delegate_apply
-from .output import emit
+from .output import emit, output_format
+from .progress_line import progress_line
 
 
 def _text(result: RunResult) -> str:
     lines = []
-    verb = "would" if result.dry_run else ""
     for a in result.actions:
         mark = {"planned": "+", "done": "✓", "failed": "✗", "skipped": "-"}[a.status]
         pool = f"[{a.role}/{a.pool}] " if a.pool else f"[{a.role}] "
@@ -35,22 +35,36 @@ def _text(result: RunResult) -> str:
     for e in result.errors:
         where = f"[{e.role}/{e.pool}] " if e.pool else f"[{e.role}] "
         lines.append(f"error: {where}{e.message}" + (f"\n  hint: {e.hint}" if e.hint else ""))
+    return "\n".join([*lines, summary(result)])
+
+
+def summary(result: RunResult) -> str:
+    """The last line of plan and apply: what changed, and "converged" only when nothing
+    did and nothing failed (an error means the pass did not finish its work)."""
     n = sum(1 for a in result.actions if a.status in ("planned", "done"))
-    if result.dry_run:
-        summary = f"{n} change(s) {verb} be made" if n else "nothing to change: converged"
+    if n:
+        line = f"{n} change(s) would be made" if result.dry_run else f"{n} change(s) made"
+    elif not result.ok:
+        line = "no change planned" if result.dry_run else "nothing changed"
     else:
-        summary = (f"{n} change(s) made" if n else "nothing changed: converged") + \
-            f"; {result.configfs_writes} configfs write(s)"
-    failed = sum(1 for a in result.actions if a.status == "failed")
-    if failed or result.errors:
-        summary += f"; {failed} failed action(s), {len(result.errors)} error(s)"
-    return "\n".join([*lines, summary])
+        line = "nothing to change: converged" if result.dry_run else "nothing changed: converged"
+    if not result.dry_run:
+        line += f"; {result.configfs_writes} configfs write(s)"
+    if not result.ok:
+        failed = sum(1 for a in result.actions if a.status == "failed")
+        line += f"; {failed} failed action(s), {len(result.errors)} error(s)"
+    return line
 
 
 @click.command("plan")
 def plan() -> None:
-    """Show what apply would change (nothing is changed). Exit 0 ok, 1 problems found."""
-    result = run_pass(load_cli_config(), dry_run=True)
+    """Show what apply would change (nothing is changed). Exit 0 ok, 1 problems found.
+
+    On a terminal, a line on stderr shows the step in flight while it reads the host.
+    """
+    cfg = load_cli_config()
+    with progress_line(output_format()):
+        result = run_pass(cfg, dry_run=True)
     emit(result.to_json(), lambda _: _text(result))
     sys.exit(0 if result.ok else 1)
 
@@ -91,6 +105,10 @@ def apply(ctx: click.Context, dry_run: bool, wait_lock: bool, rebind: tuple[str,
     prints its result and exit code. With another config file it refuses (exit
     2). --dry-run never involves the agent.
 
+    Applied here, on a terminal, a line on stderr shows the pass's step in flight
+    (pool, step, count), erased at the end; nothing is added to -o json or to a
+    stderr that is not a terminal.
+
     Exit 0 when everything applied, 1 when any action failed, 2 on a bad config.
     """
     cfg = load_cli_config()
@@ -104,7 +122,8 @@ def apply(ctx: click.Context, dry_run: bool, wait_lock: bool, rebind: tuple[str,
         path = config_path(ctx.find_root().obj.get("config_file"))
         result = delegate_apply(cfg, path, wait=wait_lock, rebind=rebind)
     if result is None:
-        result = run_pass(cfg, dry_run=dry_run, wait_for_lock=wait_lock, rebind=rebind,
-                          on_lock_wait=lock_wait_message("apply"))
+        with progress_line(output_format()):
+            result = run_pass(cfg, dry_run=dry_run, wait_for_lock=wait_lock, rebind=rebind,
+                              on_lock_wait=lock_wait_message("apply"))
     emit(result.to_json(), lambda _: _text(result))
     sys.exit(0 if result.ok else 1)

@@ -12,7 +12,6 @@ validated here first, so a broken edit gets the usual config error.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +19,7 @@ import click
 
 from ..config import Config
 from ..daemonfiles import DaemonInfo, live_daemon, new_request, wait_result
-from ..errors import EXIT_USAGE, KvagentError, UsageError
+from ..errors import KvagentError, UsageError
 from ..rundir import RunDirError
 
 if TYPE_CHECKING:
@@ -30,6 +29,20 @@ if TYPE_CHECKING:
 DELEGATE_TIMEOUT = 900.0
 #: Seconds between "still waiting" lines on stderr.
 PROGRESS_EVERY = 10.0
+
+
+class AgentRefusedConfig(UsageError):
+    """The agent found the config invalid when it re-read it for this apply (the file
+    changed after it was checked here); it keeps running its previous config."""
+
+    kind = "config"
+
+    def __init__(self, problems: list[str], config_file: Path):
+        super().__init__(f"the agent refused the config: {'; '.join(problems)}",
+                         "the agent keeps running its previous config")
+        #: as the agent wrote them: ``FILE:LINE: FIELD: what is wrong``
+        self.problems = problems
+        self.file = str(config_file)
 
 
 def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
@@ -85,10 +98,7 @@ def delegate_apply(cfg: Config, config_file: Path, *, wait: bool,
 
     answer = wait_result(cfg.node.run_dir, request, agent, timeout=timeout, progress=progress)
     if "config_error" in answer:  # the file changed again after it was checked here
-        for problem in answer["config_error"]:
-            click.echo(f"kvagent: config error: {problem}", err=True)
-        click.echo("kvagent: hint: the agent keeps running its previous config", err=True)
-        sys.exit(EXIT_USAGE)
+        raise AgentRefusedConfig([str(p) for p in answer["config_error"]], config_file)
     if "error" in answer:
         error = answer["error"]
         exc = KvagentError(str(error.get("message")), error.get("hint"))

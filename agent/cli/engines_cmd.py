@@ -8,8 +8,8 @@ import click
 from ..engines import KINDS
 from ..engines.handoff import AttachedRender, render_attached
 from ..engines.verdict import EngineVerdict, judge
-from ..errors import KvagentError
 from .context import load_cli_config
+from .failure import CommandFailed
 from .output import emit, output_format
 
 
@@ -82,8 +82,9 @@ def engines_check(pool: str, kind: str, python: str) -> None:
     environment declarations, Mooncake's config loader, KVBM's variable names) read the
     rendered config under --python, time-boxed, and give their verdict: accepted, or
     refused with the engine's message, before the engine is started. Exit 0 accepted; 1
-    refused, or the engine cannot be loaded under that Python; 2 for a pool or engine not
-    in the config, or one kvagent refuses to render (e.g. vllm without cpu_cache).
+    refused, the engine cannot be loaded under that Python, or kvagent refuses the render
+    (a size the engine reads as off, Dynamo without GPUDirect Storage); 2 for a pool or
+    engine not in the config.
     """
     result = render_attached(load_cli_config(), pool, kind)
     verdict = judge(result.context, result.rendered, python)
@@ -93,12 +94,13 @@ def engines_check(pool: str, kind: str, python: str) -> None:
         "problems": list(verdict.problems), "messages": list(verdict.messages),
         "python": verdict.python, "files": sorted(result.rendered.files),
     }
-    emit(data, lambda _: _verdict_text(verdict))
-    if not verdict.accepted:
-        raise KvagentError(
+    if verdict.accepted or output_format() != "json":
+        emit(data, lambda _: _verdict_text(verdict))
+    if not verdict.accepted:  # with -o json, the verdict goes into the error object
+        raise CommandFailed(
             f"{kind} {verdict.verdict} the config kvagent rendered for pool {pool!r}"
             if verdict.verdict == "refused" else
             f"{kind}'s code could not be loaded under {python}",
             "the engine's own words are above; kvagent engines render shows the files"
             if verdict.verdict == "refused" else
-            "give the Python the engine is installed in with --python")
+            "give the Python the engine is installed in with --python", details=data)

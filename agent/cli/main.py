@@ -11,14 +11,17 @@ import click
 
 from .. import __version__
 from ..config import CONFIG_ENV, DEFAULT_CONFIG_PATH, ConfigError
-from ..errors import EXIT_FAILED, EXIT_USAGE, KvagentError
+from ..errors import KvagentError
 from ..log import configure_logging
+from . import failure
+from .failure import OUTPUT_FORMATS, OUTPUT_OPTIONS, asks_for_json
 
 
 class KvagentGroup(click.Group):
     """Turns kvagent's exceptions into one clear message and an exit code; no tracebacks.
 
-    Subcommands are loaded lazily from :data:`COMMANDS`.
+    With ``-o json`` every failure is also an error object on stdout
+    (:mod:`agent.cli.failure`). Subcommands are loaded lazily from :data:`COMMANDS`.
     """
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -32,21 +35,39 @@ class KvagentGroup(click.Group):
         return _accept_output_option(
             getattr(importlib.import_module(f"{__package__}.{module}"), attr))
 
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        json_errors = asks_for_json(args)
+        try:
+            ctx = super().make_context(info_name, args, parent=parent, **extra)
+        except click.ClickException as exc:  # the top level's options refused
+            if json_errors:
+                failure.print_json(failure.click_failure(exc))
+            raise
+        ctx.meta[JSON_ERRORS] = json_errors
+        return ctx
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, SystemExit, KeyboardInterrupt):
+            raise
+        except click.ClickException as exc:  # a command line click refused: it says why
+            if ctx.meta.get(JSON_ERRORS):
+                failure.print_json(failure.click_failure(exc))
+            raise
         except ConfigError as exc:
             for problem in exc.problems:
                 click.echo(f"kvagent: config error: {problem}", err=True)
-            sys.exit(EXIT_USAGE)
+            _fail(ctx, failure.config_failure(exc))
         except KvagentError as exc:
-            click.echo(f"kvagent: error: {exc.message}", err=True)
+            problems = getattr(exc, "problems", None)  # a config the agent refused
+            for line in ([f"config error: {p}" for p in problems] if problems
+                         else [f"error: {exc.message}"]):
+                click.echo(f"kvagent: {line}", err=True)
             if exc.hint:
                 click.echo(f"kvagent: hint: {exc.hint}", err=True)
-            sys.exit(exc.exit_code)
-        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException,
-                SystemExit, KeyboardInterrupt):
-            raise
+            _fail(ctx, failure.error_failure(exc))
         except Exception as exc:
             verbose = (ctx.obj or {}).get("verbose", 0)
             if verbose:
@@ -57,7 +78,18 @@ class KvagentGroup(click.Group):
             if not verbose:
                 click.echo("kvagent: hint: run again with -v to see where it happened",
                            err=True)
-            sys.exit(EXIT_FAILED)
+            _fail(ctx, failure.internal_failure(exc))
+
+
+#: ``ctx.meta`` key: the command line asked for ``-o json`` (read before click parsed it).
+JSON_ERRORS = "kvagent.json_errors"
+
+
+def _fail(ctx: click.Context, what: failure.Failure) -> None:
+    """Exit with ``what``'s code, after its error object on stdout under ``-o json``."""
+    if (ctx.obj or {}).get("output") == "json" or ctx.meta.get(JSON_ERRORS):
+        failure.print_json(what)
+    sys.exit(what.exit_code)
 
 
 def _set_output(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
@@ -72,7 +104,7 @@ def _accept_output_option(cmd: click.Command) -> click.Command:
             _accept_output_option(sub)
     elif not any(p.name == "output" for p in cmd.params):
         cmd.params.append(click.Option(
-            ["-o", "--output"], type=click.Choice(["text", "json"]), default=None,
+            [*OUTPUT_OPTIONS, "output"], type=click.Choice(OUTPUT_FORMATS), default=None,
             expose_value=False, callback=_set_output,
             help="Result format (same as the global -o)."))
     return cmd
@@ -81,8 +113,9 @@ def _accept_output_option(cmd: click.Command) -> click.Command:
 @click.group(cls=KvagentGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-c", "--config", "config_file", metavar="FILE", envvar=CONFIG_ENV,
               help=f"Config file [default: {DEFAULT_CONFIG_PATH}; env {CONFIG_ENV}].")
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="Result format on stdout.")
+@click.option(*OUTPUT_OPTIONS, "output", type=click.Choice(OUTPUT_FORMATS), default="text",
+              show_default=True,
+              help="Result format on stdout (--output-format: nvme-cli's spelling).")
 @click.option("-v", "--verbose", count=True, help="More logging (on stderr).")
 @click.version_option(__version__, "--version", prog_name="kvagent")
 @click.pass_context

@@ -98,8 +98,14 @@ def render_manpage() -> str:
         f".B {PROG}\n[\\fIOPTIONS\\fR] \\fICOMMAND\\fR [\\fIARGS\\fR]...",
         ".SH DESCRIPTION",
         *_paragraphs(description),
-        ".PP\nEvery command also takes \\fB\\-o\\fR/\\fB\\-\\-output\\fR after its name, "
-        "and \\fB\\-h\\fR/\\fB\\-\\-help\\fR.",
+        ".PP\nEvery command also takes \\fB\\-o\\fR/\\fB\\-\\-output\\fR (or "
+        "\\fB\\-\\-output\\-format\\fR, nvme\\-cli's spelling) after its name, and "
+        "\\fB\\-h\\fR/\\fB\\-\\-help\\fR.",
+        ".PP\nWith \\fB\\-o json\\fR, a command that fails before it has a result "
+        "(bad usage, a config kvagent refuses, an error) prints an error object on stdout: "
+        "\\fBerror\\fR, \\fBkind\\fR, \\fBfile\\fR, \\fBline\\fR, \\fBfield\\fR, "
+        "\\fBhint\\fR, \\fBexit_code\\fR (and \\fBproblems\\fR, every config problem); "
+        "the message still goes to stderr.",
         ".SH OPTIONS",
         *_options(main, root, with_help=True),
         ".SH COMMANDS",

@@ -7,6 +7,7 @@ live in each class' ``check()``, which yields ``(relative path, message)``.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -528,14 +529,16 @@ class ConnectOptions:
 
 @dataclass(frozen=True)
 class EngineCleaner:
-    """Oldest-first cleaner for an engine that never evicts on disk (off by default)."""
+    """Oldest-first cleaner for an engine that never evicts on disk (default on: vLLM's fs)."""
 
-    enabled: bool = doc_field(
+    enabled: bool | None = doc_field(
         "Delete the engine's oldest files (by modification time) when its usage passes "
         "high, until it is under low. Only regular files inside the engine's own "
         "directory (<mount>/<kind>) are deleted, never a symlink's target, a directory "
-        "or anything outside; it needs project quotas (usage from the quota). Off by "
-        "default: turn it on only for an engine that never evicts its own files.", False)
+        "or anything outside; it needs project quotas (usage from the quota). Default: on "
+        "for vllm with cpu_cache (its fs tier never evicts on disk: full, it stores "
+        "nothing more) unless the pool's mount_options has noquota; off for every other "
+        "engine (they evict on disk themselves).", None)
     high: Percent = doc_field("Usage, as a share of the engine's cap on a mount, above "
                               "which the cleaner runs.", Percent(95))
     low: Percent = doc_field("Usage the cleaner brings the engine down to (below high).",
@@ -563,8 +566,8 @@ class EngineConfig:
         None,
     )
     cleaner: EngineCleaner = doc_field(
-        "Oldest-first cleaner for an engine that never evicts on disk (default: off).",
-        default_factory=EngineCleaner)
+        "Oldest-first cleaner for an engine that never evicts on disk (default: on for "
+        "vllm's fs tier, off otherwise).", default_factory=EngineCleaner)
     gds: Literal["check", "trust"] = doc_field(
         "Dynamo only: its disk-only KVBM moves blocks between disk and GPU with GPUDirect "
         "Storage. 'check' (default) renders it only where this host has the nvidia-fs "
@@ -582,10 +585,15 @@ class EngineConfig:
         "Engine instances (data-parallel replicas) on this host that share each of the "
         "pool's directories.", 1, minimum=1, maximum=1024)
     cpu_cache: Size | None = doc_field(
-        "vllm only, and required for it: host RAM for vLLM's CPU tier, which its "
-        "OffloadingConnector needs in front of the disk tier (rendered as "
-        "cpu_bytes_to_use, bytes for all of the instance's workers together; vLLM refuses "
-        "to start without it). kvagent does not size host RAM: the operator gives it.", None)
+        "vllm only: host RAM for a CPU tier (cpu_bytes_to_use, bytes for all of an "
+        "instance's workers together). With it, vLLM's OffloadingConnector keeps a CPU "
+        "tier of this size with an fs tier on the pool behind it, whose files persist and "
+        "are shared by instances; it never evicts on disk, so kvagent's cleaner bounds it "
+        "(on by default). Without it (default), vLLM's disk backend "
+        "(SimpleCPUOffloadConnector): GPU to the pool directly, each worker's file sized "
+        "from its directory's cap, evicting least recently used blocks itself; kept only "
+        "while the instance runs. kvagent does not size host RAM: the operator gives it.",
+        None)
     backend: Literal["file", "mooncake"] | None = doc_field(
         "sglang only: HiCache's storage backend on the pool: 'file' (default: SGLang's "
         "HiCacheFile writes pages under the directory) or 'mooncake' (the Mooncake store "
@@ -603,6 +611,17 @@ class EngineConfig:
                                  "takes no backend setting")
         if self.cpu_cache is not None and self.cpu_cache <= 0:
             yield ("cpu_cache",), "must be more than 0 bytes"
+        if self.kind == "vllm" and self.cpu_cache is None and self.cleaner.enabled:
+            yield ("cleaner", "enabled"), (
+                "vllm without cpu_cache uses vLLM's disk backend, which evicts inside its "
+                "own files: the cleaner would delete a file the engine is writing; give "
+                "cpu_cache for the fs tier, or leave the cleaner off")
+
+    @property
+    def cleans_by_default(self) -> bool:
+        """The engine never evicts on disk (vLLM's fs tier): its cleaner is on unless the
+        config says otherwise."""
+        return self.kind == "vllm" and self.cpu_cache is not None
 
 
 @dataclass(frozen=True)
@@ -648,6 +667,17 @@ class InitiatorPool:
         "with the fewest requests in flight; Linux 6.11 or later). Paths the storage host "
         "reports non-optimized (ports' ana_state) are used only when no optimized one is "
         "left. Default: leave the kernel's.", None)
+
+    def __post_init__(self) -> None:
+        # Each engine's cleaner default (None) resolved: on where the engine never evicts
+        # on disk and the pool's mounts can give the cleaner its usage (not noquota).
+        if any(e.cleaner.enabled is None for e in self.engines):
+            quota = "noquota" not in self.mount_options
+            object.__setattr__(self, "engines", tuple(
+                e if e.cleaner.enabled is not None else dataclasses.replace(
+                    e, cleaner=dataclasses.replace(
+                        e.cleaner, enabled=quota and e.cleans_by_default))
+                for e in self.engines))
 
     def check(self) -> Check:
         if not self.targets:

@@ -16,7 +16,7 @@ from typing import Literal
 import yaml
 
 from ..config.model import EngineKind
-from ..errors import UsageError
+from ..errors import KvagentError, UsageError
 from ..system.gds import GdsReadiness
 from ..system.probes import ProbeResult
 
@@ -54,7 +54,9 @@ class EngineContext:
     the instances on this host that use one directory: engines whose size is per rank or
     per worker get the directory's cap divided by ``ranks`` (their product), so all of
     them together stay under it. ``cpu_bytes`` is host RAM the engine may pin (vLLM's
-    required ``cpu_bytes_to_use``, from the engine's ``cpu_cache``). ``backend`` is the
+    ``cpu_bytes_to_use``, from the engine's ``cpu_cache``: with it vLLM gets a CPU tier and
+    an fs tier, without it its disk backend). ``cleaner``: kvagent's cleaner is on for the
+    engine (``engines[].cleaner``), so a tier that never evicts is bounded. ``backend`` is the
     engine's storage backend where it has several (SGLang: ``file`` or ``mooncake``). ``gds`` is
     what this host has of GPUDirect Storage, for an engine whose config depends on it
     (``None``: not looked at, the operator vouches for it).
@@ -72,6 +74,7 @@ class EngineContext:
     gds: GdsReadiness | None = None
     directory_caps: tuple[int, ...] = ()
     backend: str | None = None
+    cleaner: bool = False
 
     @property
     def ranks(self) -> int:
@@ -125,10 +128,24 @@ class EngineContext:
         """The hard cap of one of the engine's directories."""
         return self.caps()[self.directories.index(directory)]
 
-    def smallest_cap(self) -> int:
-        """The smallest directory cap: the size for an engine that uses one setting for all
-        of its directories, or preallocates it in each."""
-        return min(self.caps())
+
+class TierOff(KvagentError):
+    """A render would give the engine a size it reads as "off" (0, or below its unit):
+    refused, never written, so the pool's hand-off reports it as an error."""
+
+
+#: What the operator can change when a directory is too small for the engine's processes.
+TIER_OFF_HINT = ("give the engine a larger share of the pool (engines[].capacity), fewer "
+                 "processes per directory (engines[].tensor_parallel × data_parallel), or "
+                 "larger namespaces")
+
+
+def refuse_tier_off(ctx: EngineContext, key: str, too_small: Sequence[str]) -> None:
+    """Raise :class:`TierOff` when ``too_small`` (one line per directory whose size would
+    switch the engine's tier off) is not empty."""
+    if too_small:
+        raise TierOff(f"pool {ctx.pool!r}: not rendering {ctx.kind}: {key} would switch its "
+                      "disk tier off: " + "; ".join(too_small), TIER_OFF_HINT)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ directory holds on disk.
 
 from __future__ import annotations
 
+import errno
 import grp
 import os
 import pwd
@@ -20,6 +21,7 @@ from decimal import Decimal
 from .. import effects
 from ..config.model import EngineConfig
 from ..errors import KvagentError, UsageError
+from ..system.dirfd import DIR_FLAGS
 
 #: Engines together never get more than this share of a pool: several engines
 #: never evict on disk and leave files behind after a restart.
@@ -86,7 +88,7 @@ def prepare(mounts: Sequence[str], engine: EngineConfig, *, require_mount: bool 
             raise KvagentError(f"{mount} is not a mount point",
                                hint="the pool's filesystem is not mounted; engine data would "
                                     "land on the parent filesystem")
-    return tuple(_prepare_one(engine_dir(m, engine.kind), uid, gid, mode) for m in mounts)
+    return tuple(d for m in mounts for d in _prepare_below(m, (engine.kind,), 0, uid, gid, mode))
 
 
 def prepare_subdirectories(paths: Sequence[str], mounts: Sequence[str], engine: EngineConfig,
@@ -94,43 +96,102 @@ def prepare_subdirectories(paths: Sequence[str], mounts: Sequence[str], engine: 
     """Create or fix directories an engine needs inside its own (one per rank, say),
     with the engine's owner, group and mode; idempotent. Each path must lie inside the
     engine's directory on one of ``mounts`` (so inside its cap), one level or more down;
-    a symlink or non-directory anywhere on the way is refused, never replaced."""
+    a symlink or non-directory anywhere on the way is refused, never replaced.
+
+    The engine's user owns its directory and may swap what is in it at any time, so
+    every component is opened from the mount down with ``O_NOFOLLOW``, and made and
+    changed through the descriptors opened (never through a path a link could lead
+    elsewhere)."""
     uid = resolve_user(engine.owner)
     gid = resolve_group(engine.group)
-    roots = [engine_dir(m, engine.kind) for m in mounts]
     done: list[PreparedDir] = []
     for path in paths:
-        root = next((r for r in roots if os.path.normpath(path).startswith(r + "/")), None)
-        if root is None or os.path.normpath(path) != path:
+        mount = next((m for m in mounts
+                      if os.path.normpath(path).startswith(engine_dir(m, engine.kind) + "/")),
+                     None)
+        if mount is None or os.path.normpath(path) != path:
             raise KvagentError(f"{path} is not inside the {engine.kind} engine's directories",
                                hint="a renderer bug: kvagent makes directories only inside "
                                     "the engine's own")
-        parts = os.path.relpath(path, root).split(os.sep)
-        for depth in range(1, len(parts) + 1):
-            done.append(_prepare_one(os.path.join(root, *parts[:depth]), uid, gid,
-                                     int(engine.mode)))
+        parts = tuple(os.path.relpath(path, mount).split(os.sep))
+        done += _prepare_below(mount, parts, 1, uid, gid, int(engine.mode))
     return tuple(done)
 
 
-def _prepare_one(path: str, uid: int, gid: int, mode: int) -> PreparedDir:
-    changes: list[str] = []
+def _prepare_below(mount: str, parts: tuple[str, ...], first: int, uid: int, gid: int,
+                   mode: int) -> list[PreparedDir]:
+    """Walk ``mount/parts[0]/parts[1]/...`` one directory descriptor at a time (each
+    opened with ``O_NOFOLLOW`` in the one above, on the mount's filesystem); from
+    ``parts[first]`` on, each component is made if missing and given ``uid``, ``gid`` and
+    ``mode`` through its descriptor. The ones above ``first`` must exist."""
+    fd = os.open(mount, DIR_FLAGS)
+    done: list[PreparedDir] = []
     try:
-        st = os.lstat(path)
+        dev = os.fstat(fd).st_dev
+        for depth, name in enumerate(parts):
+            path = os.path.join(mount, *parts[:depth + 1])
+            child, created = _open_dir(fd, name, path, dev, make=depth >= first)
+            os.close(fd)
+            fd = child
+            if depth >= first:
+                done.append(_fix(fd, path, uid, gid, mode, created))
+    finally:
+        os.close(fd)
+    return done
+
+
+def _open_dir(parent: int, name: str, path: str, dev: int, *, make: bool) -> tuple[int, bool]:
+    """The directory ``name`` in the open directory ``parent``, opened without following
+    a link (made first when missing and ``make``), on device ``dev``; whether it was made."""
+    created = False
+    try:
+        fd = _open_nofollow(parent, name, path)
     except FileNotFoundError:
-        effects.mkdir(path, 0o700)
-        changes.append("created")
-        st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
-        raise KvagentError(f"{path} exists and is {kind}",
-                           hint="kvagent does not replace what it did not create; move it away")
+        if not make:
+            raise KvagentError(f"{path} does not exist",
+                               hint="kvagent prepares the engine's directory first") from None
+        created = effects.mkdir(name, 0o700, dir_fd=parent, exist_ok=True, subject=path)
+        try:
+            fd = _open_nofollow(parent, name, path)
+        except FileNotFoundError:
+            raise KvagentError(f"{path} vanished while kvagent made it",
+                               hint="something else changes the engine's directory; "
+                                    "the next pass tries again") from None
+    if os.fstat(fd).st_dev != dev:
+        os.close(fd)
+        raise KvagentError(f"{path} is on another filesystem than its pool's mount",
+                           hint="kvagent makes an engine's directories only on its pool")
+    return fd, created
+
+
+def _open_nofollow(parent: int, name: str, path: str) -> int:
+    """Open the directory ``name`` in ``parent`` with ``O_NOFOLLOW``: a symlink or
+    anything but a directory there is a KvagentError naming ``path``."""
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        try:
+            link = stat.S_ISLNK(os.lstat(name, dir_fd=parent).st_mode)
+        except OSError:
+            link = False
+    raise KvagentError(f"{path} exists and is {'a symlink' if link else 'not a directory'}",
+                       hint="kvagent does not replace what it did not create, nor follow "
+                            "links inside an engine's directory; move it away")
+
+
+def _fix(fd: int, path: str, uid: int, gid: int, mode: int, created: bool) -> PreparedDir:
+    """Give the open directory ``fd`` ``uid``, ``gid`` and ``mode``; what changed."""
+    changes: list[str] = ["created"] if created else []
+    st = os.fstat(fd)
     if (st.st_uid, st.st_gid) != (uid, gid):
-        effects.chown(path, uid, gid)
-        if "created" not in changes:
+        effects.fchown(fd, uid, gid, subject=path)
+        if not created:
             changes.append(f"owner {st.st_uid}:{st.st_gid} -> {uid}:{gid}")
     if stat.S_IMODE(st.st_mode) != mode:
-        effects.chmod(path, mode)
-        if "created" not in changes:
+        effects.fchmod(fd, mode, subject=path)
+        if not created:
             changes.append(f"mode {stat.S_IMODE(st.st_mode):04o} -> {mode:04o}")
     return PreparedDir(path, uid, gid, mode, tuple(changes))
 

@@ -12,8 +12,10 @@ lib/bindings/kvbm/src/block_manager/distributed/leader.rs; see docs/engines.md:
   workers; each worker then preallocates its share in its own file in the same
   directory): the size of one instance, all its TP workers together. Parsed with
   ``parse::<f64>()`` (older KVBM: an integer) and anything unparsable is 0, the disk
-  tier off: kvagent writes a whole number. ``data_parallel`` instances sharing the
-  directory split it.
+  tier off: kvagent writes a whole number. Each env file is for the instances that use
+  its directory, so each is sized from that directory's own quota; ``data_parallel``
+  instances sharing the directory split it. A size below 1 GB (0: the tier off) is
+  refused (:class:`~agent.engines.base.TierOff`), never rendered.
 - ``DYN_KVBM_DISK_DISABLE_O_DIRECT`` / ``DYN_KVBM_DISK_ZEROFILL_FALLBACK``: KVBM
   only checks that they are *set* (``std::env::var(..).is_ok()``: any value, even
   "false", switches them on), so kvagent writes them only when a probe failed.
@@ -45,6 +47,7 @@ from .base import (
     indexed_names,
     odirect_failure,
     probe_notes,
+    refuse_tier_off,
 )
 
 CONFIG_BASE = "dynamo-kvbm"
@@ -54,10 +57,27 @@ class GdsNotReady(KvagentError):
     """Dynamo's disk-only KVBM needs GPUDirect Storage, which this host lacks."""
 
 
-def render(ctx: EngineContext) -> Rendered:
-    """One env file per directory (for the KVBM instances that use it, with their TP workers).
+def instance_gb(ctx: EngineContext) -> dict[str, int]:
+    """``DYN_KVBM_DISK_CACHE_GB`` for each directory: its own quota less headroom, split
+    among the ``data_parallel`` instances that use it, in whole decimal GB.
 
-    :class:`GdsNotReady` when ``ctx.gds`` shows GPUDirect Storage missing.
+    :class:`~agent.engines.base.TierOff` when a directory's share is below 1 GB: KVBM
+    reads 0 as its disk tier off."""
+    sizes = {d: engine_bytes(cap, ctx.data_parallel) // GB
+             for d, cap in zip(ctx.directories, ctx.caps(), strict=True)}
+    refuse_tier_off(ctx, "DYN_KVBM_DISK_CACHE_GB", [
+        f"{d} (quota {cap} bytes) gives each of its {ctx.data_parallel} KVBM instance(s) "
+        f"{engine_bytes(cap, ctx.data_parallel)} bytes, below 1 GB (0: KVBM's disk tier off)"
+        for d, cap in zip(ctx.directories, ctx.caps(), strict=True) if sizes[d] == 0])
+    return sizes
+
+
+def render(ctx: EngineContext) -> Rendered:
+    """One env file per directory (for the KVBM instances that use it, with their TP workers),
+    each sized from its own directory's quota.
+
+    :class:`GdsNotReady` when ``ctx.gds`` shows GPUDirect Storage missing;
+    :class:`~agent.engines.base.TierOff` when a directory is too small for its instances.
     """
     ctx.check()
     if ctx.gds is not None and not ctx.gds.ready:
@@ -74,12 +94,12 @@ def render(ctx: EngineContext) -> Rendered:
                      "nvidia-fs and cuFile (gdscheck -p shows them)")
     else:
         notes.append(ctx.gds.describe())
-    per_instance = engine_bytes(ctx.smallest_cap(), ctx.data_parallel)
-    gb = per_instance // GB
+    sizes = instance_gb(ctx)
     names = indexed_names(CONFIG_BASE, ".env", len(ctx.directories))
     files: dict[str, str] = {}
     for name, directory in zip(names, ctx.directories, strict=True):
-        env = {"DYN_KVBM_DISK_CACHE_DIR": directory, "DYN_KVBM_DISK_CACHE_GB": str(gb)}
+        env = {"DYN_KVBM_DISK_CACHE_DIR": directory,
+               "DYN_KVBM_DISK_CACHE_GB": str(sizes[directory])}
         probe = ctx.probe_for(directory)
         if probe is not None and not probe.odirect_ok:
             env["DYN_KVBM_DISK_DISABLE_O_DIRECT"] = "true"
@@ -97,14 +117,14 @@ def render(ctx: EngineContext) -> Rendered:
                     "EOPNOTSUPP, so no setting helps here; its preallocated cache file may be "
                     "sparse and hit ENOSPC later")
         files[name] = dump_env(ctx, env)
-    notes.append(f"DYN_KVBM_DISK_CACHE_GB={gb} is decimal GB (10^9 bytes) per KVBM instance, "
-                 f"all its {ctx.tensor_parallel} tensor-parallel worker(s) together (each "
-                 "preallocates its share in its own file), rounded down from "
-                 f"{per_instance} bytes: the smallest directory's quota less headroom, "
-                 f"split among {ctx.data_parallel} instance(s) per directory; KVBM "
-                 "preallocates all of it at start")
-    if gb == 0:
-        notes.append("the per-instance share is below 1 GB: KVBM's disk tier would be off")
+    notes.append("DYN_KVBM_DISK_CACHE_GB is decimal GB (10^9 bytes) per KVBM instance, all "
+                 f"its {ctx.tensor_parallel} tensor-parallel worker(s) together (each "
+                 "preallocates its share in its own file), rounded down: each file's "
+                 "directory's own quota less headroom, split among "
+                 f"{ctx.data_parallel} instance(s) per directory ("
+                 + ", ".join(f"{d}: {sizes[d]} GB of a {c}-byte quota"
+                             for d, c in zip(ctx.directories, ctx.caps(), strict=True))
+                 + "); KVBM preallocates all of it at start")
     notes.append("DYN_KVBM_CPU_CACHE_GB (host RAM) is not rendered: older KVBM requires it; "
                  "with only the disk tier set, recent KVBM offloads GPU to disk directly "
                  "through GPUDirect Storage")

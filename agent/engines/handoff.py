@@ -59,7 +59,8 @@ def hand_off(cfg: Config, pool: InitiatorPool, mounts: tuple[str, ...] | list[st
     mounts; ``fresh`` names which mounts (None: all of them), the others keep their
     recorded probes (a new namespace of a pool of many is probed alone). A cap that
     cannot be set, or an engine whose config is refused (Dynamo without GPUDirect
-    Storage), is an error of the pool; the other engines go on.
+    Storage, a size the engine would read as off), is an error of the pool; the other
+    engines go on.
     """
     mounts = list(mounts)
     state_dir = Path(cfg.node.state_dir)
@@ -97,8 +98,9 @@ def hand_off(cfg: Config, pool: InitiatorPool, mounts: tuple[str, ...] | list[st
         fail(exc)  # the caps stay advisory; health says so
     for engine in pool.engines:
         if engine.cleaner.enabled:
-            _clean(state_dir, pool, engine, mounts, caps[engine.kind], quotas, mountinfo,
-                   act, fail)
+            _clean(state_dir, pool, engine, mounts,
+                   directory_caps(pool, engine.kind, mounts, caps[engine.kind], probes),
+                   quotas, mountinfo, act, fail)
     readiness = (gds or probe_gds)() if any(e.gds == "check" and e.kind == "dynamo"
                                             for e in pool.engines) else None
     for engine in pool.engines:
@@ -128,15 +130,17 @@ def hand_off(cfg: Config, pool: InitiatorPool, mounts: tuple[str, ...] | list[st
 
 
 def _clean(state_dir: Path, pool: InitiatorPool, engine: EngineConfig, mounts: list[str],
-           cap: int, quotas: QuotaOps, mountinfo: Path, act: Callable[..., None],
-           fail: Callable[[KvagentError | OSError], None]) -> None:
-    """The engine's cleaner on every mount whose filesystem accounts project quotas."""
-    for mount in mounts:
+           caps: tuple[int, ...], quotas: QuotaOps, mountinfo: Path,
+           act: Callable[..., None], fail: Callable[[KvagentError | OSError], None]) -> None:
+    """The engine's cleaner on every mount whose filesystem accounts project quotas;
+    ``caps`` is each mount's directory cap (:func:`directory_caps`), the reference where
+    the directory's project has no hard limit (it could not be set)."""
+    for mount, cap in zip(mounts, caps, strict=True):
         if quota.mount_quota_mode(mount, mountinfo) == "off":
             continue  # no O(1) usage: the cleaner does not walk to find out (health says so)
         directory = engine_dir(mount, engine.kind)
         try:
-            run = cleaner.clean(directory, mount, engine, quotas, cap // len(mounts))
+            run = cleaner.clean(directory, mount, engine, quotas, cap)
         except (KvagentError, OSError) as exc:
             fail(exc)
             continue
@@ -243,7 +247,7 @@ def engine_context(pool: InitiatorPool, engine: EngineConfig, mounts: list[str],
         directory_caps=directory_caps(pool, engine.kind, mounts, capacity, probes),
         tensor_parallel=engine.tensor_parallel, data_parallel=engine.data_parallel,
         cpu_bytes=None if engine.cpu_cache is None else int(engine.cpu_cache),
-        backend=engine.backend)
+        backend=engine.backend, cleaner=bool(engine.cleaner.enabled))
 
 
 def render_engine(pool: InitiatorPool, engine: EngineConfig, mounts: list[str], capacity: int,

@@ -26,6 +26,7 @@ from .base import (
     engine_bytes,
     odirect_failure,
     probe_notes,
+    refuse_tier_off,
 )
 
 CONFIG_NAME = "lmcache.yaml"
@@ -56,9 +57,19 @@ def workers_per_directory(ctx: EngineContext) -> int:
 
 def disk_size(ctx: EngineContext) -> tuple[float, int]:
     """``max_local_disk_size`` (GiB) and the workers per directory it was sized for: for
-    every directory, that many workers × the size stay within ``engine_bytes`` of its cap."""
+    every directory, that many workers × the size stay within ``engine_bytes`` of its cap.
+
+    LMCache reads one size for every worker (one file, whichever directory PathSharder
+    gives a worker), so the smallest directory's share sets it. :class:`TierOff` when a
+    directory's share is below 0.01 GiB: LMCache makes no disk backend for a size of 0."""
     workers = workers_per_directory(ctx)
-    return min(gib_floor(engine_bytes(cap, workers)) for cap in ctx.caps()), workers
+    shares = {d: gib_floor(engine_bytes(cap, workers))
+              for d, cap in zip(ctx.directories, ctx.caps(), strict=True)}
+    refuse_tier_off(ctx, "max_local_disk_size", [
+        f"{d} (quota {cap} bytes) gives each of up to {workers} LMCache worker(s) on it "
+        f"{engine_bytes(cap, workers)} bytes, below 0.01 GiB (0: no LocalDiskBackend)"
+        for d, cap in zip(ctx.directories, ctx.caps(), strict=True) if shares[d] <= 0])
+    return min(shares.values()), workers
 
 
 def size_notes(ctx: EngineContext, size: float, workers: int) -> list[str]:
@@ -78,8 +89,6 @@ def size_notes(ctx: EngineContext, size: float, workers: int) -> list[str]:
             f"PathSharder (by_gpu) gives the worker on CUDA device d the directory "
             f"d % {len(ctx.directories)} of local_disk; directories no device maps to stay "
             "unused, and larger directories are used only up to this size per worker")
-    if size <= 0:
-        notes.append("the per-worker share is below 0.01 GiB: LMCache would store nothing")
     return notes
 
 

@@ -40,6 +40,7 @@ from .base import (
     engine_bytes,
     odirect_failure,
     probe_notes,
+    refuse_tier_off,
 )
 
 CONFIG_BASE = "mooncake"
@@ -86,8 +87,15 @@ def client_env(ctx: EngineContext, path: str, size: int) -> str:
 
 
 def render(ctx: EngineContext) -> Rendered:
-    """One env file per Mooncake client (per rank, per directory)."""
+    """One env file per Mooncake client (per rank, per directory).
+
+    :class:`~agent.engines.base.TierOff` when a directory's share per client is 0 bytes
+    (Mooncake refuses a total of 0 and reads a bucket size of 0 as 90% of the disk)."""
     ctx.check()
+    refuse_tier_off(ctx, "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES", [
+        f"{d} (quota {cap} bytes) gives each of its {ctx.ranks} client(s) 0 bytes"
+        for d, cap in zip(ctx.directories, ctx.caps(), strict=True)
+        if engine_bytes(cap, ctx.ranks) <= 0])
     notes = probe_notes(ctx)
     files: dict[str, str] = {}
     subdirectories: list[str] = []

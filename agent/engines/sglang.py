@@ -48,6 +48,7 @@ from .base import (
     indexed_names,
     odirect_failure,
     probe_notes,
+    refuse_tier_off,
 )
 
 ARGS_NAME = "sglang.args"
@@ -61,11 +62,25 @@ EVICTION_POLICY = "lru"
 
 
 def render(ctx: EngineContext) -> Rendered:
-    """``sglang.args`` plus env files for the configured storage backend."""
+    """``sglang.args`` plus env files for the configured storage backend.
+
+    :class:`~agent.engines.base.TierOff` when a directory's share per rank is 0 bytes
+    (the file backend's evictor reads 0 as no cap; Mooncake as no limit)."""
     ctx.check()
-    if ctx.backend == "mooncake":
+    mooncake = ctx.backend == "mooncake"
+    refuse_tier_off(ctx, "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES" if mooncake else
+                    "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE", rank_shares_of_zero(ctx))
+    if mooncake:
         return _render_mooncake(ctx)
     return _render_file(ctx)
+
+
+def rank_shares_of_zero(ctx: EngineContext) -> list[str]:
+    """A line for each directory whose quota, split among ``ctx.ranks``, is 0 bytes."""
+    return [f"{d} (quota {cap} bytes) gives each of its {ctx.ranks} rank(s) 0 bytes, which "
+            "the engine reads as no size at all"
+            for d, cap in zip(ctx.directories, ctx.caps(), strict=True)
+            if engine_bytes(cap, ctx.ranks) <= 0]
 
 
 # ------------------------------------------------------------------ file backend

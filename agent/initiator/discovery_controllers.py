@@ -14,13 +14,21 @@ Without all this a pool exported after the GPU host's pass failed to find it wai
 the retry (``health.interval``).
 
 Ownership is a record, not a guess: the controllers kvagent made are listed in
-``<run_dir>/discovery.json`` (name, address, host NQN), and only those are ever
-disconnected, when no pool discovers at their address any more. A controller another
-tool made (nvme-stas, an admin's ``nvme discover -p``) is used as it is, never touched.
-The record lives in the run directory because the controllers do not outlive a reboot
-either; a recorded name whose controller is gone, or now another's, is dropped. A kill
-between a connect and its record leaves a controller kvagent does not claim: it is used
-as another tool's would be (a connection, not data: nothing is lost).
+``<run_dir>/discovery.json``, and only those are ever disconnected, when no pool
+discovers at their address any more. A controller another tool made (nvme-stas, an
+admin's ``nvme discover -p``) is used as it is, never touched. A name is not an identity:
+the kernel gives a freed ``nvme<N>`` to the next controller made, whoever makes it (after
+an admin's ``nvme disconnect-all`` the pass's data controller, or another tool's
+discovery controller, takes the name kvagent recorded). So each entry also records what
+the kernel gives that controller alone: the inode number of its sysfs directory
+(:meth:`~.sysfs.Sysfs.controller_inode`, never a later controller's in the same boot)
+and the boot's id; a recorded controller is kvagent's only while both match, and it is a
+discovery controller at the recorded address for the recorded host NQN. Anything else
+(gone, another's, another boot, or an entry from a kvagent that recorded no inode) is
+dropped from the record and never disconnected. The record lives in the run directory
+because the controllers do not outlive a reboot either. A kill between a connect and
+its record leaves a controller kvagent does not claim: it is used as another tool's
+would be (a connection, not data: nothing is lost).
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ CONTROLLER_NAME = re.compile(r"nvme\d+")
 
 #: The record of the discovery controllers kvagent made, in the run directory.
 RECORD = "discovery.json"
+#: The kernel's random id of this boot (a controller's sysfs inode number is unique in one).
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 #: Keep-alive of a persistent discovery controller (nvme-cli's for ``discover -p``):
 #: nvmet drops a discovery controller that sends none within its own timeout (120 s).
 KEEP_ALIVE = 30
@@ -80,40 +90,86 @@ def _serves(ctrl: Controller, want: Wanted) -> bool:
     return ctrl.discovers_for(want.hostnqn, want.address)
 
 
-def _entry(name: str, address: FabricsAddress, hostnqn: str | None) -> dict[str, str | None]:
+def boot_id(path: str = BOOT_ID) -> str | None:
+    """This boot's random id (None when it cannot be read)."""
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class Owned:
+    """A discovery controller kvagent made, as sysfs shows it now, with the inode number
+    of its sysfs directory."""
+
+    ctrl: Controller
+    sysfs_ino: int
+
+
+def _entry(name: str, address: FabricsAddress, hostnqn: str | None, sysfs_ino: int,
+           boot: str) -> dict[str, object]:
     return {"name": name, "transport": address.transport, "traddr": address.traddr,
-            "trsvcid": address.trsvcid, "hostnqn": hostnqn}
+            "trsvcid": address.trsvcid, "hostnqn": hostnqn, "sysfs_ino": sysfs_ino,
+            "boot_id": boot}
 
 
-def _still_ours(entry: object, sysfs: Sysfs) -> Controller | None:
-    """The recorded controller, if it is still the one recorded (a name is reused once its
-    controller is gone)."""
-    name = entry.get("name") if isinstance(entry, dict) else None
+def _identified(sysfs: Sysfs, name: str) -> Owned | None:
+    """Controller ``name`` with the inode number of its sysfs directory, read before and
+    after its attributes (the same both times: they are that controller's)."""
+    ino = sysfs.controller_inode(name)
+    ctrl = sysfs.controller(name)
+    if ino is None or ctrl is None or sysfs.controller_inode(name) != ino:
+        return None
+    return Owned(ctrl, ino)
+
+
+def _still_ours(entry: object, sysfs: Sysfs, boot: str | None) -> Owned | None:
+    """The recorded controller, if it is still the one kvagent made: the same sysfs
+    directory (inode number) in the same boot, a discovery controller at the recorded
+    address for the recorded host NQN. A name is reused once its controller is gone; an
+    entry without the inode number (an older kvagent's) proves nothing."""
+    if not isinstance(entry, dict) or boot is None:
+        return None
+    name, ino = entry.get("name"), entry.get("sysfs_ino")
     if not (isinstance(name, str) and CONTROLLER_NAME.fullmatch(name)):
         return None
-    ctrl = sysfs.controller(name)
-    if ctrl is None or ctrl.subsysnqn != DISCOVERY_NQN:
+    if type(ino) is not int or entry.get("boot_id") != boot:
+        return None
+    found = _identified(sysfs, name)
+    if found is None or found.sysfs_ino != ino:
+        return None
+    ctrl = found.ctrl
+    if ctrl.subsysnqn != DISCOVERY_NQN:
         return None
     a = ctrl.address
     if (a.transport, a.traddr, a.trsvcid, ctrl.hostnqn) != (
             entry.get("transport"), entry.get("traddr"), entry.get("trsvcid"),
             entry.get("hostnqn")):
         return None
-    return ctrl
+    return found
 
 
 class DiscoveryControllers:
     """Keeps one discovery controller per wanted port (:func:`wanted`); :meth:`sync` after
     every pass."""
 
-    def __init__(self, run_dir: Path | str, cli: NvmeCli, sysfs: Sysfs):
+    def __init__(self, run_dir: Path | str, cli: NvmeCli, sysfs: Sysfs, *,
+                 boot: str | None = None):
+        """``boot``: this boot's id (default: the kernel's, :func:`boot_id`)."""
         self.record = Path(run_dir) / RECORD
         self.cli, self.sysfs = cli, sysfs
+        self.boot = boot if boot is not None else boot_id()
 
     def _recorded(self) -> list[object]:
         data = read_json(self.record, {})
         entries = data.get("controllers", []) if isinstance(data, dict) else []
         return entries if isinstance(entries, list) else []
+
+    def _entry(self, owned: Owned) -> dict[str, object]:
+        c = owned.ctrl
+        return _entry(c.name, c.address, c.hostnqn, owned.sysfs_ino, self.boot or "")
 
     def sync(self, wants: Iterable[Wanted]) -> list[str]:
         """Connect a discovery controller to each wanted port that has none (kvagent's or
@@ -121,22 +177,24 @@ class DiscoveryControllers:
         the log. A port that cannot be reached now is tried again at the next sync."""
         wants = list(wants)
         recorded = self._recorded()
-        owned = [c for c in (_still_ours(e, self.sysfs) for e in recorded) if c is not None]
+        owned = [o for o in (_still_ours(e, self.sysfs, self.boot) for e in recorded)
+                 if o is not None]
         present = [c for c in self.sysfs.controllers(DISCOVERY_NQN, fresh=True)
                    if c.usable or c.state in ("connecting", "resetting")]
         done: list[str] = []
-        keep = [c for c in owned if any(_serves(c, w) for w in wants)]
-        entries = [_entry(c.name, c.address, c.hostnqn) for c in keep]
-        for ctrl in owned:
-            if ctrl in keep:
+        keep = [o for o in owned if any(_serves(o.ctrl, w) for w in wants)]
+        entries = [self._entry(o) for o in keep]
+        for o in owned:
+            if o in keep:
                 continue
+            ctrl = o.ctrl
             try:
                 self.cli.disconnect(device=ctrl.name)
                 done.append(f"disconnected {ctrl.name} ({ctrl.address.describe()})")
             except KvagentError as exc:
                 log.warning("discovery controller not disconnected", device=ctrl.name,
                             error=exc.message)
-                entries.append(_entry(ctrl.name, ctrl.address, ctrl.hostnqn))
+                entries.append(self._entry(o))
         for want in wants:
             if any(_serves(c, want) for c in present):
                 continue
@@ -151,9 +209,13 @@ class DiscoveryControllers:
                 log.info("no discovery controller now; the passes still discover",
                          target=a.describe(), error=exc.message)
                 continue
-            present += [c for c in (self.sysfs.controller(name),) if c is not None]
-            entries.append(_entry(name, a.endpoint, want.hostnqn))
             done.append(f"connected {name} ({a.describe()})")
+            made = _identified(self.sysfs, name)
+            if made is None or not _serves(made.ctrl, want):
+                continue  # gone already, or its name another's: not recorded, not claimed
+            present.append(made.ctrl)
+            if self.boot is not None:
+                entries.append(self._entry(made))
         if entries != recorded:
             write_json(self.record, {"controllers": entries})
         return done

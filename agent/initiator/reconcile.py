@@ -22,6 +22,7 @@ from pathlib import Path
 
 from nvmet.ids import read_host_identity
 
+from .. import progress
 from ..config.model import Config, InitiatorPool
 from ..errors import KvagentError
 from ..log import get_logger
@@ -133,7 +134,8 @@ class InitiatorPass:
         detached = []
         for name in sorted(set(state) - configured):
             try:
-                detach_pool(self.ctx, name, state[name])
+                with progress.working_on(name):
+                    detach_pool(self.ctx, name, state[name])
             except Exception as exc:  # expected or not, it fails this pool alone
                 self._fail(name, exc)
                 continue
@@ -193,7 +195,8 @@ class InitiatorPass:
 
             self.ctx.checkpoint = checkpoint
             try:
-                done = self._attach(pool, hostnqn, hostid, box, old)
+                with progress.working_on(pool.name):
+                    done = self._attach(pool, hostnqn, hostid, box, old)
                 if done is not None:
                     mounted.append(done)
             except Exception as exc:  # one pool's failure, expected or not, is its own

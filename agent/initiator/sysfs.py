@@ -311,6 +311,22 @@ class Sysfs:
             tls=tls_state(transport, read_attr(f"{d}/tls_key"), self.tls_key_exact),
         )
 
+    def controller_inode(self, name: str) -> int | None:
+        """The kernfs inode number of controller ``name``'s sysfs directory (None: gone):
+        one controller's for as long as it lives, never a later one's in this boot.
+
+        The controller's name (``nvme<instance>``) and its ``dev`` number come from IDAs
+        that hand out the lowest free number, and ``cntlid`` is the target's to reuse; but
+        kernfs numbers its nodes from a cyclic allocator (fs/kernfs/dir.c,
+        ``idr_alloc_cyclic``/``xa_alloc_cyclic``; since 5.5 the inode number is the whole
+        64-bit id with a generation above the cyclic 32 bits), so a controller that later
+        takes the same name gets another directory with another inode number.
+        tests/kernel/test_events.py proves it on the real kernel."""
+        try:
+            return os.stat(f"{self.root}/class/nvme/{name}").st_ino
+        except OSError:
+            return None
+
     def controllers(self, subsysnqn: str | None = None, *,
                     fresh: bool = False) -> list[Controller]:
         """Every controller that could be read completely (vanished ones are left out).

@@ -123,7 +123,8 @@ class SubprocessRunner:
         args = tuple(str(a) for a in argv)
         full_env = {**os.environ, **self.default_env, **(env or {})}
         _reap_abandoned()
-        with progress.step(f"command {os.path.basename(args[0])}", timeout + KILL_GRACE):
+        with progress.step(f"command {os.path.basename(args[0])}", timeout + KILL_GRACE,
+                           label=" ".join([os.path.basename(args[0]), *shown(args[1:])])):
             failpoints.point(f"command.{os.path.basename(args[0])}")
             started = time.monotonic()
             try:

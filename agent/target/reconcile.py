@@ -340,7 +340,8 @@ class TargetPass:
         plans: dict[str, BackingPlan] = {}
         for pool in pools:
             try:
-                plan = driver_for(pool).plan(ctx, pool)
+                with progress.working_on(pool.name):
+                    plan = driver_for(pool).plan(ctx, pool)
             except KvagentError as exc:
                 plan = BackingPlan(errors=[f"pool {pool.name}: {exc}"])
             except Exception as exc:  # a bug or an unforeseen error: this pool fails alone
@@ -432,7 +433,8 @@ class TargetPass:
                 if (name, step.volume) in skip:
                     continue
                 try:
-                    step.run()
+                    with progress.working_on(name):
+                        step.run()
                 except Exception as exc:  # expected or not, it fails this pool alone
                     expected = isinstance(exc, (KvagentError, OSError))
                     message = str(exc) if expected else \

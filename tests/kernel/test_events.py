@@ -19,6 +19,7 @@ it does within the test, udev events made it do.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -337,3 +338,103 @@ def test_pools_exported_later_come_as_discovery_aens(lab: Lab) -> None:
                      what="the agent to disconnect its discovery controller")
         assert set(discovery_controllers()) == foreign
         assert proc.poll() is None
+
+
+DATA_NQN = "nqn.2026-01.io.kvagent.test:names"
+
+
+def fabrics_names() -> set[str]:
+    """The fabrics controllers on this host (the test drives are PCIe ones)."""
+    return {c.name for c in Path("/sys/class/nvme").glob("nvme*")
+            if (c / "transport").exists() and kit.read(c / "transport") == "tcp"}
+
+
+def connect(nqn: str, hostnqn: str) -> str:
+    """``nvme connect`` as another tool (or an admin) would; the name the kernel gave."""
+    before = fabrics_names()
+    kit.sh("nvme", "connect", "-t", "tcp", "-a", "127.0.0.1", "-s", "4420", "-n", nqn,
+           "--hostnqn", hostnqn, "--keep-alive-tmo", "30")
+    (name,) = kit.wait_for(lambda: fabrics_names() - before, 30, what=f"a controller of {nqn}")
+    return name
+
+
+def identity(name: str) -> tuple[int, str, str]:
+    """Controller ``name``'s sysfs directory inode number, ``dev`` and ``cntlid``."""
+    d = Path("/sys/class/nvme") / name
+    return os.stat(d).st_ino, kit.read(d / "dev"), kit.read(d / "cntlid")
+
+
+def test_a_controller_that_takes_a_recorded_name_is_never_kvagents(tmp_path: Path) -> None:
+    """Issue 35, finding 5, on the real kernel. The kernel gives a freed ``nvme<N>`` to the
+    next controller made (and its ``dev`` number; nvmet its ``cntlid``), whoever makes it;
+    the inode number of the controller's sysfs directory is new every time.
+
+    (a) After an admin's ``nvme disconnect-all`` the pool's data controller comes back
+    first and takes the recorded discovery controller's name, at the same port for the
+    same host NQN: a sync while the pool still wants the port must not disconnect it.
+    (b) kvagent's discovery controller disconnected by an admin, another tool's at the
+    same port for the same host NQN takes its name: a sync once no pool wants the port
+    must not disconnect it (before the fix it did: name, address and host NQN matched)."""
+    from agent.fabrics import FabricsAddress
+    from agent.initiator.discovery_controllers import RECORD, DiscoveryControllers, Wanted
+    from agent.initiator.nvme.cli import NvmeCli
+    from agent.initiator.sysfs import Sysfs
+
+    hostnqn = kit.local_hostnqn()
+    port = kit.NVMET / "ports" / "35"
+    sub = kit.NVMET / "subsystems" / DATA_NQN
+    sub.mkdir()
+    kit.write(sub / "attr_allow_any_host", "1")
+    port.mkdir()
+    for k, v in (("trtype", "tcp"), ("adrfam", "ipv4"), ("traddr", "127.0.0.1"),
+                 ("trsvcid", "4420")):
+        kit.write(port / f"addr_{k}", v)
+    (port / "subsystems" / DATA_NQN).symlink_to(sub)
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    keeper = DiscoveryControllers(run, NvmeCli(), Sysfs())
+    wants = [Wanted(FabricsAddress("tcp", "127.0.0.1", "4420"), hostnqn, kit.local_hostid())]
+
+    def recorded() -> list[str]:
+        return [e["name"] for e in json.loads((run / RECORD).read_text())["controllers"]]
+
+    try:
+        # The property: one name, one dev number, one cntlid; a new inode number each time.
+        seen = []
+        for _ in range(4):
+            name = connect(DISCOVERY_NQN, hostnqn)
+            seen.append((name, *identity(name)))
+            kit.sh("nvme", "disconnect", "-d", name)
+        ci_log("discovery controllers made and deleted in turn (name, sysfs inode, dev, "
+               f"cntlid): {seen}")
+        assert len({s[0] for s in seen}) == 1 and len({s[2] for s in seen}) == 1
+        assert len({s[1] for s in seen}) == len(seen)
+
+        # (a) The data controller takes the recorded name after a disconnect-all.
+        (ours,) = (line.split()[1] for line in keeper.sync(wants))
+        assert recorded() == [ours]
+        kit.sh("nvme", "disconnect-all")
+        data = connect(DATA_NQN, hostnqn)
+        assert data == ours, "the data controller did not take the recorded name"
+        done = keeper.sync(wants)  # the pool still wants the port
+        assert not any(line.startswith("disconnected") for line in done), done
+        assert data in fabrics_names() and kit.read(
+            Path("/sys/class/nvme") / data / "subsysnqn") == DATA_NQN
+        (ours,) = recorded()  # a new discovery controller, kvagent's
+        assert ours != data and kit.read(Path("/sys/class/nvme") / ours / "subsysnqn") \
+            == DISCOVERY_NQN
+
+        # (b) Another tool's discovery controller takes the name of kvagent's.
+        recorded_ino = identity(ours)[0]
+        kit.sh("nvme", "disconnect", "-d", ours)
+        other = connect(DISCOVERY_NQN, hostnqn)
+        assert other == ours, "the other tool's controller did not take the recorded name"
+        assert identity(other)[0] != recorded_ino
+        assert keeper.sync([]) == []  # no pool wants the port: still not kvagent's
+        assert other in fabrics_names()
+        assert recorded() == []
+    finally:
+        kit.sh("nvme", "disconnect-all", check=False)
+        (port / "subsystems" / DATA_NQN).unlink()
+        port.rmdir()
+        sub.rmdir()

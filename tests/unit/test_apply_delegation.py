@@ -192,7 +192,8 @@ def test_busy_answer_and_wait_through_the_agent(running: RunningAgent) -> None:
     assert held.wait(10)
     threading.Timer(1.5, release.set).start()
     waited = kvagent("-c", str(running.config), "-o", "json", "apply", "--wait")
-    t.join()
+    t.join(30)
+    assert not t.is_alive(), "the lock holder's thread did not end"
     assert waited.returncode == 0, waited.stderr
     assert json.loads(waited.stdout)["ok"] is True
 

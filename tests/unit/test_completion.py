@@ -28,8 +28,11 @@ def shell(name: str) -> str:
 
 
 def env() -> dict[str, str]:
+    # PYTHONPATH kept: a second checkout run with the main checkout's venv completes with
+    # its own kvagent.
     return {"PATH": f"{VENV_BIN}{os.pathsep}/usr/bin:/bin", "LANG": "C.UTF-8",
-            "HOME": "/nonexistent"}
+            "HOME": "/nonexistent",
+            **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +80,10 @@ def test_install_paths_are_the_shells_vendor_directories(scripts: dict[str, Path
     (("kvagent", "config", ""), ["validate"]),
     (("kvagent", "status", "--no"), ["--no-drives"]),
     (("kvagent", "engines", "render", "kv", "--engine", "l"), ["lmcache"]),
+    # nvme-cli's spelling of -o/--output, before and after the command
+    (("kvagent", "--output-f"), ["--output-format"]),
+    (("kvagent", "status", "--output-f"), ["--output-format"]),
+    (("kvagent", "plan", "--output-format", "j"), ["json"]),
 ])
 def test_bash_completes(scripts: dict[str, Path], words: tuple[str, ...],
                         expected: list[str]) -> None:

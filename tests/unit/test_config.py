@@ -51,8 +51,8 @@ def base() -> dict:
 def test_engine_cleaner_is_off_and_gds_checked_by_default() -> None:
     data = base()
     data["initiator"]["pools"][0]["engines"] = [
-        {"kind": "vllm", "cleaner": {"enabled": True}}, {"kind": "dynamo", "gds": "trust"},
-        {"kind": "lmcache"}]
+        {"kind": "vllm", "cpu_cache": "1GiB", "cleaner": {"enabled": True}},
+        {"kind": "dynamo", "gds": "trust"}, {"kind": "lmcache"}]
     vllm, dynamo, lmcache = parse_config(yaml.safe_dump(data)).initiator.pools[0].engines
     assert (vllm.cleaner.enabled, vllm.cleaner.high, vllm.cleaner.low) == (True, 95, 85)
     assert lmcache.cleaner.enabled is False and lmcache.gds == "check"
@@ -169,7 +169,7 @@ BROKEN = [
     ("cleaner-without-quotas", f"{INI}", {
         "name": "llama70b", "target": {"transport": "tcp", "address": "10.0.0.11"},
         "mount": "/var/lib/kvcache/llama70b", "mount_options": ["noatime", "noquota"],
-        "engines": [{"kind": "vllm", "cleaner": {"enabled": True}}]},
+        "engines": [{"kind": "lmcache", "cleaner": {"enabled": True}}]},
      "initiator.pools[0].engines[0].cleaner.enabled", "noquota"),
     ("gds-on-lmcache", f"{INI}.engines.0.gds", "trust", "initiator.pools[0].engines[0].gds",
      "only dynamo"),
@@ -221,6 +221,13 @@ BROKEN = [
      "initiator.pools[0].connect.host_iface", "not a network interface name"),
     ("host-iface-too-long", f"{INI}.connect", {"host_iface": "a" * 16},
      "initiator.pools[0].connect.host_iface", "not a network interface name"),
+    # Within the kernel's 15 characters: refused for the ',' or '=' alone.
+    ("host-iface-comma", f"{INI}.connect", {"host_iface": "eth0,tos=1"},
+     "initiator.pools[0].connect.host_iface", "not a network interface name"),
+    ("host-iface-equals", f"{INI}.connect", {"host_iface": "eth0=1"},
+     "initiator.pools[0].connect.host_iface", "not a network interface name"),
+    ("nqn-with-equals", "target.pools.0.hosts.0.nqn", f"{HOST_A}=1",
+     "target.pools[0].hosts[0].nqn", "must not contain ',' or '='"),
     ("bad-listen", "health.listen", "localhost", "health.listen", "host:port"),
     ("section-not-mapping", "health", ["listen"], "health", "mapping"),
 ]

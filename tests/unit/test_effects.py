@@ -90,8 +90,13 @@ def test_directories_and_removals_are_steps_only_when_they_change(tmp_path: Path
     assert stat.S_IMODE((top / "b/c").stat().st_mode) == 0o700
     assert effects.make_dirs(top / "b/c", 0o700) == []
     assert not effects.mkdir(top, exist_ok=True)
-    effects.chmod(top / "b/c", 0o750)
-    effects.chown(top / "b/c", os.getuid(), os.getgid())
+    fd = os.open(top / "b/c", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        effects.fchmod(fd, 0o750, subject=str(top / "b/c"))
+        effects.fchown(fd, os.getuid(), os.getgid(), subject=str(top / "b/c"))
+    finally:
+        os.close(fd)
+    assert stat.S_IMODE((top / "b/c").stat().st_mode) == 0o750
     assert not effects.unlink(top / "nothing", missing_ok=True)
     (top / "b/c/f").write_text("")
     assert effects.unlink(top / "b/c/f")

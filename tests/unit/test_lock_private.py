@@ -64,6 +64,18 @@ def test_symlinked_lock_file_is_refused(tmp_path: Path) -> None:
     assert target.read_text() == "keep\n" and mode(target) == 0o644
 
 
+def test_a_lock_file_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
+    """A FIFO at the lock's name opens read-write without blocking and takes a flock: only
+    the regular-file check refuses it (a directory there is refused by the open itself)."""
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    os.mkfifo(run / "apply.lock", 0o600)
+    with pytest.raises(RunDirError, match=r"apply\.lock is not a regular file"), \
+            apply_lock(run):
+        pytest.fail("locked a FIFO")
+    assert stat.S_ISFIFO(os.lstat(run / "apply.lock").st_mode)
+
+
 def test_run_dir_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     needs_root()
     run = tmp_path / "run"
@@ -167,7 +179,8 @@ def test_wait_reports_the_holder_once(tmp_path: Path) -> None:
 
     with apply_lock(tmp_path / "run", wait=True, timeout=30, on_wait=on_wait):
         pass
-    t.join()
+    t.join(30)
+    assert not t.is_alive(), "the lock holder's thread did not end"
     assert seen and all(h is not None and h.pid == os.getpid() for h in seen)
 
 

@@ -37,7 +37,7 @@ def test_every_command_and_option_is_on_the_page() -> None:
     """Walks the CLI independently of the generator: nothing is left out."""
     page = render_manpage().replace("\\-", "-")
     root = click.Context(main, info_name="kvagent", **main.context_settings)
-    for opt in ("--config", "--output", "--verbose", "--version"):
+    for opt in ("--config", "--output", "--output-format", "--verbose", "--version"):
         assert f".B -{opt[1:]}" in page or f", {opt}" in page, opt
     leaves = list(_leaf_commands(main, root, "kvagent"))
     assert len(leaves) >= 11

@@ -38,8 +38,8 @@ def test_format_checks() -> None:
 
 def test_nvme_cli_makes_the_same_interchange_text() -> None:
     """nvme-cli 2.13 (fetched by scripts/setup) turns the same key bytes into the same text."""
-    if not NVME_213.exists():
-        pytest.skip("scripts/fetch-tls-tools has not run")
+    assert NVME_213.exists(), f"{NVME_213} is missing: scripts/setup fetches it " \
+        "(scripts/fetch-tls-tools)"
     key = bytes(range(32))
     out = subprocess.run([str(NVME_213), "gen-tls-key", "--secret", key.hex(), "--hmac", "1"],
                          capture_output=True, text=True, timeout=30, check=True)

@@ -93,6 +93,7 @@ def test_valid_nqns(nqn: str) -> None:
     ("nqn.2014-8.org:x", "look like"), ("nqn.2014-00.org:x", "month"),
     ("nqn.2014-08.org:a/b", "'/'"), ("nqn.2014-08.org:a\tb", "whitespace"),
     ("nqn.2014-08.org:" + "x" * 220, "223"), ("nqn.2014-08.-org:x", "look like"),
+    ("nqn.2014-08.org:a,b", "','"), ("nqn.2014-08.org:a=b", "'='"),
 ])
 def test_invalid_nqns(nqn: str, why: str) -> None:
     with pytest.raises(InvalidNQN, match=why):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -315,6 +316,8 @@ def test_a_truncated_guest_report_fails_every_test(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------ what the kernel tier left out
+# (scripts/test's last line: what it left out first, then what passed; issue 35: it
+# began "all passed" while it left groups out)
 
 LEFT_OUT = '''
 import pytest
@@ -381,14 +384,17 @@ def test_the_summary_names_the_booted_groups_and_the_left_out_tests(tmp_path: Pa
     path = str(tmp_path / "summary.json")
     assert tiersummary(path, "--second-kernel-off", "--", "-k", "not main_two") == (
         "left out: groups 'hostile-612', 'tls-612' (KVAGENT_SECOND_KERNEL=0), "
-        "1 of 2 tests of group 'main' (arguments: -k 'not main_two')")
+        "1 of 2 tests of group 'main' (arguments: -k 'not main_two'); "
+        "passed: lint, unit tier (arguments: -k 'not main_two'), "
+        "kernel tier (1 group, 1 test, 1 host-side vmhost test)")
 
 
 def test_the_summary_says_none_when_nothing_was_left_out(tmp_path: Path) -> None:
     summary = summary_of(tmp_path, "-m", "kernel or vmhost")
     assert summary == {"booted": {"main": 2, "tls-612": 1, "hostile-612": 1}, "vmhost": 1,
                        "left_out": []}
-    assert tiersummary(str(tmp_path / "summary.json")) == "left out: none"
+    assert tiersummary(str(tmp_path / "summary.json")) == (
+        "all passed: lint, unit tier, kernel tier (3 groups, 4 tests, 1 host-side vmhost test)")
 
 
 def test_the_left_out_line_names_vmhost_tests_and_a_missing_summary(tmp_path: Path) -> None:
@@ -397,11 +403,39 @@ def test_the_left_out_line_names_vmhost_tests_and_a_missing_summary(tmp_path: Pa
     path = str(tmp_path / "summary.json")
     assert tiersummary(path, "--second-kernel-off", "--", "-x") == (
         "left out: groups 'hostile-612', 'tls-612' (KVAGENT_SECOND_KERNEL=0), "
-        "1 of 1 host-side vmhost tests (arguments: -x)")
+        "1 of 1 host-side vmhost tests (arguments: -x); "
+        "passed: lint, unit tier (arguments: -x), kernel tier (1 group, 2 tests)")
     assert tiersummary(path) == (
-        "left out: groups 'hostile-612', 'tls-612', 1 of 1 host-side vmhost tests (-m/-k)")
+        "left out: groups 'hostile-612', 'tls-612', 1 of 1 host-side vmhost tests (-m/-k); "
+        "passed: lint, unit tier, kernel tier (1 group, 2 tests)")
     assert tiersummary(str(tmp_path / "none.json")) == (
-        "left out: unknown (the kernel tier wrote no summary)")
+        "left out: unknown (the kernel tier wrote no summary); "
+        "passed: lint, unit tier, kernel tier (what it ran is unknown)")
+
+
+def last_line_of_scripts_test(summary: Path, *flags: str) -> str:
+    """scripts/test's own last lines (from its verdict on), run with the timings set and
+    the summary and flags it would pass."""
+    script = (REPO / "scripts/test").read_text()
+    tail = script[script.index("verdict=$("):]
+    setup = (f"summary={shlex.quote(str(summary))}; summary_flags=({shlex.join(flags)}); "
+             "start=0; t0=1; t1=3; t2=10; set --\n")
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", setup + tail], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_scripts_test_names_what_it_left_out_first(tmp_path: Path) -> None:
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"booted": {"main": 3}, "vmhost": 0, "left_out": [
+        {"nodeid": "t.py::test_long", "group": "flush-gpu", "second_kernel": False,
+         "long": True}]}))
+    assert last_line_of_scripts_test(summary, "--long-off") == (
+        "== scripts/test: left out: group 'flush-gpu' (long: KVAGENT_LONG=1 runs them); "
+        "passed: lint, unit tier, kernel tier (1 group, 3 tests); unit tier 2s, "
+        "kernel tier 7s, total 10s")
+    summary.write_text(json.dumps({"booted": {"main": 3}, "vmhost": 0, "left_out": []}))
+    assert last_line_of_scripts_test(summary).startswith(
+        "== scripts/test: all passed: lint, unit tier, kernel tier (1 group, 3 tests); ")
 
 
 LONG = '''
@@ -434,9 +468,12 @@ def test_the_long_tests_left_out_are_named_with_how_to_run_them(tmp_path: Path) 
     assert sorted((t["nodeid"], t["long"]) for t in data["left_out"]) == [
         ("test_sample.py::test_replay_every_point", True),
         ("test_sample.py::test_role_twice", True)]
+    # scripts/test's default: never "all passed" while it leaves the long tests out
     assert tiersummary(str(summary), "--long-off") == (
         "left out: group 'flush-gpu', 1 of 1 host-side vmhost tests "
-        "(long: KVAGENT_LONG=1 runs them)")
+        "(long: KVAGENT_LONG=1 runs them); passed: lint, unit tier, kernel tier "
+        "(1 group, 1 test)")
     # without --long-off (someone's own -m), the arguments are the reason
     assert tiersummary(str(summary)) == (
-        "left out: group 'flush-gpu', 1 of 1 host-side vmhost tests (-m/-k)")
+        "left out: group 'flush-gpu', 1 of 1 host-side vmhost tests (-m/-k); "
+        "passed: lint, unit tier, kernel tier (1 group, 1 test)")

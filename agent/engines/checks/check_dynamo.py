@@ -54,8 +54,9 @@ def knows(binary: bytes, name: str) -> bool:
 
 def check_size(env: dict[str, str], p: checkkit.Payload, name: str,
                v: checkkit.Verdict) -> None:
-    """Decimal GB, a whole number, above 0, and (times the instances sharing a directory)
-    at most the smallest directory's quota: every instance preallocates all of it."""
+    """Decimal GB, a whole number, above 0, and (times the instances sharing the file's
+    directory) at most that directory's quota: every instance preallocates all of it
+    in the directory its file names."""
     raw = env[SIZE]
     if not re.fullmatch(r"[0-9]+", raw):
         v.refuse(f"{name}: {SIZE}={raw!r} is not a whole number of GB: KVBM's parse::<f64>() "
@@ -64,12 +65,14 @@ def check_size(env: dict[str, str], p: checkkit.Payload, name: str,
     if int(raw) == 0:
         v.refuse(f"{name}: {SIZE}=0 turns KVBM's disk tier off")
         return
+    cap = p.cap_of(env.get(DIR, ""))
+    if cap is None:
+        return  # outside the pool, or no directory: refused for that
     size = int(raw) * GB
-    smallest = min(p.directory_caps)
-    if size * p.data_parallel > smallest:
+    if size * p.data_parallel > cap:
         v.refuse(f"{name}: {SIZE}={raw} is {size} bytes per KVBM instance (decimal GB); "
-                 f"{p.data_parallel} instance(s) per directory need {size * p.data_parallel}, "
-                 f"more than the smallest directory quota ({smallest} bytes)")
+                 f"{p.data_parallel} instance(s) in {env[DIR]} need {size * p.data_parallel}, "
+                 f"more than its quota ({cap} bytes)")
 
 
 def check_file(binary: bytes, p: checkkit.Payload, name: str, text: str,
@@ -118,4 +121,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    checkkit.run(main)

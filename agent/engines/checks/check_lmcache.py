@@ -296,4 +296,4 @@ def judge(text: str, root: str, sharder: Any, p: checkkit.Payload,
 
 
 if __name__ == "__main__":
-    main()
+    checkkit.run(main)

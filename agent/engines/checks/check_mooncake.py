@@ -224,4 +224,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    checkkit.run(main)

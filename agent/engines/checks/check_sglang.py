@@ -522,4 +522,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    checkkit.run(main)

@@ -1,4 +1,4 @@
-"""vLLM's own code judges kvagent's ``--kv-transfer-config`` files (one per directory).
+"""vLLM's own code judges kvagent's ``--kv-transfer-config`` files.
 
 Run as a file by the Python vLLM is installed in (``python check_vllm.py < payload.json``);
 see checkkit.py for the payload and the verdict. For each rendered JSON file it:
@@ -7,21 +7,35 @@ see checkkit.py for the payload and the verdict. For each rendered JSON file it:
    ``_expand_json_human_readable_numbers``, then pydantic's ``TypeAdapter(KVTransferConfig)
    .validate_json``; the config forbids unknown fields) and looks ``kv_connector`` up in
    ``KVConnectorFactory``'s registry;
-2. refuses ``kv_connector_extra_config`` keys that no offloading code of vLLM reads (found
-   with ``ast`` in vllm/v1/kv_offload and the OffloadingConnector's modules: vLLM ignores
-   unknown keys silently);
+2. refuses ``kv_connector_extra_config`` keys that no code of that connector reads (found
+   with ``ast`` in its modules: vLLM ignores unknown keys silently).
+
+For the ``OffloadingConnector`` (a CPU tier with an fs tier behind it) it then:
+
 3. builds the offloading spec as vLLM does, ``OffloadingSpecFactory.create_spec(
    OffloadingConfig(...))``, for a small model (:data:`MODEL`) at the payload's tensor
    parallel size: vLLM's own exceptions (e.g. "cpu_bytes_to_use must be specified") and
    warnings are the refusal; a CPU tier that holds no chunk (a size not in bytes) is refused;
 4. binds each secondary tier's keys to its class's constructor (``SecondaryTierFactory.
    get_tier_class``, ``inspect.signature``, the keys ``create_secondary_tier`` pops removed)
-   and requires each fs tier's ``root_dir`` inside one of the pool's directories, and each
-   directory used.
+   and requires each fs tier's ``root_dir`` inside one of the pool's directories.
 
-Nothing is written: the tiers are not constructed (FileSystemTierManager makes directories
-and probes O_DIRECT in root_dir). vLLM's fs tier has no size setting, so no disk size is
-compared with the caps.
+For the ``SimpleCPUOffloadConnector`` (its disk backend) it then:
+
+3. builds the connector as vLLM does, ``KVConnectorFactory.create_connector`` in the
+   worker role, from a stand-in for the VllmConfig holding the parsed KVTransferConfig,
+   prefix caching on (vLLM's default) and the payload's tensor-parallel world size: the
+   connector's own exceptions ("requires disk_path", "requires disk_capacity_bytes > 0",
+   an unknown backend) and warnings ("ignoring disk-only config") are the refusal, and a
+   backend that is not ``disk`` keeps everything in host RAM;
+4. for each tensor-parallel rank, runs the worker's own sizing (``_resolve_num_cpu_blocks``
+   for :data:`MODEL`'s bytes per block) and ``_init_disk_mode`` on CUDA device ``rank``
+   with its ``DiskBackend`` replaced by a recorder of what vLLM hands it (the real one pins
+   host memory and creates the file): the file path and its slots × bytes per block. Every
+   worker's file must lie in a pool directory, be no other worker's (vLLM unlinks the name
+   at start), and all of a directory's files together fit its quota.
+
+Every pool directory must be used by some file. Nothing is written.
 """
 
 from __future__ import annotations
@@ -29,11 +43,13 @@ from __future__ import annotations
 import ast
 import inspect
 import os
+import re
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checkkit
@@ -42,10 +58,20 @@ import checkkit
 #: 128, bfloat16, 16-token blocks), its KV heads split over the tensor-parallel ranks.
 MODEL = {"name": "meta-llama/Llama-3.1-8B", "layers": 32, "kv_heads": 8, "head_dim": 128,
          "dtype": "bfloat16", "dtype_bytes": 2, "block_tokens": 16, "max_model_len": 32768}
-#: Where vLLM reads ``kv_connector_extra_config`` for the OffloadingConnector (relative to
-#: the vllm package).
-EXTRA_CONFIG_READERS = ("v1/kv_offload", "distributed/kv_transfer/kv_connector/v1/offloading",
-                        "distributed/kv_transfer/kv_connector/v1/offloading_connector.py")
+OFFLOADING = "OffloadingConnector"
+SIMPLE = "SimpleCPUOffloadConnector"
+#: Where vLLM reads ``kv_connector_extra_config``, per connector kvagent renders (relative
+#: to the vllm package).
+EXTRA_CONFIG_READERS = {
+    OFFLOADING: ("v1/kv_offload", "distributed/kv_transfer/kv_connector/v1/offloading",
+                 "distributed/kv_transfer/kv_connector/v1/offloading_connector.py"),
+    SIMPLE: ("distributed/kv_transfer/kv_connector/v1/simple_cpu_offload_connector.py",
+             "v1/simple_kv_offload"),
+}
+#: Loggers of the disk backend's code: what they warn about a render is a refusal.
+SIMPLE_LOGGERS = re.compile(r"^(?:WARNING|ERROR|CRITICAL) vllm\.(?:distributed\.kv_transfer\."
+                            r"kv_connector\.v1\.simple_cpu_offload_connector|v1\."
+                            r"simple_kv_offload)")
 #: Keys ``SecondaryTierFactory.create_secondary_tier`` pops before calling the tier class,
 #: and the arguments it passes itself.
 TIER_POPPED = ("type", "module_path", "backpressure")
@@ -92,10 +118,10 @@ def load(v: checkkit.Verdict) -> Vllm:
 
 
 # ------------------------------------------------------------------ what vLLM reads
-def extra_config_keys(root: Path) -> set[str]:
-    """Every ``kv_connector_extra_config`` key the offloading code reads (``ast``)."""
+def extra_config_keys(root: Path, readers: tuple[str, ...]) -> set[str]:
+    """Every ``kv_connector_extra_config`` key the ``readers`` read (``ast``)."""
     keys: set[str] = set()
-    for rel in EXTRA_CONFIG_READERS:
+    for rel in readers:
         path = root / rel
         for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
             keys |= keys_read(ast.parse(file.read_text(), str(file)))
@@ -149,17 +175,22 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def worker_bytes_per_block(tp: int) -> int:
+    """One worker's bytes of a KV block of :data:`MODEL` at tensor parallel ``tp``."""
+    heads = max(1, MODEL["kv_heads"] // tp)
+    per_layer = 2 * MODEL["block_tokens"] * heads * MODEL["head_dim"] * MODEL["dtype_bytes"]
+    return per_layer * MODEL["layers"]
+
+
 def offloading_config(vl: Vllm, extra: dict[str, Any], payload: checkkit.Payload) -> Any:
     """An OffloadingConfig as build_offloading_config makes it for :data:`MODEL`."""
     c = vl.offload_config
     tp = payload.tensor_parallel
-    heads = max(1, MODEL["kv_heads"] // tp)
-    per_layer = 2 * MODEL["block_tokens"] * heads * MODEL["head_dim"] * MODEL["dtype_bytes"]
     layers = tuple(f"model.layers.{i}.self_attn.attn" for i in range(MODEL["layers"]))
     return c.OffloadingConfig(
         groups=(c.OffloadingGroupConfig(tokens_per_block=MODEL["block_tokens"],
                                         layer_names=layers, group_id=0),),
-        worker_kv_bytes_per_block=per_layer * MODEL["layers"],
+        worker_kv_bytes_per_block=worker_bytes_per_block(tp),
         enable_kv_cache_events=False, extra_config=extra, engine_id="kvagent-check_dp0",
         model=c.OffloadingModelConfig(name=MODEL["name"], dtype=MODEL["dtype"],
                                       max_model_len=MODEL["max_model_len"]),
@@ -171,13 +202,45 @@ def offloading_config(vl: Vllm, extra: dict[str, Any], payload: checkkit.Payload
             data_parallel_rank_local=None, is_parallelism_agnostic=True))
 
 
+def stand_in_config(cfg: Any, tp: int) -> Any:
+    """What ``KVConnectorFactory.create_connector`` and SimpleCPUOffloadConnector read of a
+    VllmConfig (a real one needs the model's files): the parsed KVTransferConfig, the
+    hybrid KV cache manager on and prefix caching on (vLLM's defaults), ``tp`` workers."""
+    ns = types.SimpleNamespace
+    return ns(kv_transfer_config=cfg,
+              scheduler_config=ns(disable_hybrid_kv_cache_manager=False),
+              cache_config=ns(enable_prefix_caching=True),
+              parallel_config=ns(world_size=tp))
+
+
+@dataclass
+class DiskFile:
+    """One worker's file of the disk backend, as vLLM's worker code would open it."""
+
+    name: str  # the rendered file it comes from
+    rank: int
+    path: str
+    size: int  # slots x bytes per block: what the worker's ftruncate gives it
+
+
+class Recorder:
+    """Stands in for the disk backend's DiskBackend: records what ``init`` is handed."""
+
+    calls: ClassVar[list[tuple[Any, ...]]] = []
+
+    def init(self, *args: Any, **kwargs: Any) -> None:
+        Recorder.calls.append(args)
+
+
 class Judge:
-    """The checks of one rendered file; ``root_dirs`` collects the fs tiers' directories."""
+    """The checks of one rendered file; ``root_dirs`` collects the fs tiers' directories
+    and ``disk_files`` the disk backend's files, across all rendered files."""
 
     def __init__(self, vl: Vllm, payload: checkkit.Payload, v: checkkit.Verdict,
-                 known: set[str]) -> None:
+                 known: dict[str, set[str]]) -> None:
         self.vl, self.payload, self.v, self.known = vl, payload, v, known
         self.root_dirs: list[str] = []
+        self.disk_files: list[DiskFile] = []
 
     def file(self, name: str, text: str) -> None:
         said: list[str] = []
@@ -190,13 +253,17 @@ class Judge:
                           f"{describe(exc)}")
             return
         self.spoke(name, "parsing it", said)
-        if self.connector(name, cfg):
-            extra = dict(cfg.kv_connector_extra_config)
-            self.note_root_dirs(extra)
-            self.unknown_keys(name, extra)
-            spec = self.spec(name, extra)
-            if spec is not None:
-                self.tiers(name, spec)
+        if not self.connector(name, cfg):
+            return
+        extra = dict(cfg.kv_connector_extra_config)
+        self.unknown_keys(name, extra, cfg.kv_connector)
+        if cfg.kv_connector == SIMPLE:
+            self.disk_backend(name, cfg, extra)
+            return
+        self.note_root_dirs(extra)
+        spec = self.spec(name, extra)
+        if spec is not None:
+            self.tiers(name, spec)
 
     def spoke(self, name: str, doing: str, said: list[str]) -> None:
         """vLLM warned or logged while ``doing``: it converted or doubted a value."""
@@ -214,9 +281,9 @@ class Judge:
             self.v.refuse(f"{name}: kv_connector {cfg.kv_connector!r} is not a connector "
                           f"vLLM registers ({', '.join(sorted(registry))})")
             return False
-        if cfg.kv_connector != "OffloadingConnector":
+        if cfg.kv_connector not in EXTRA_CONFIG_READERS:
             self.v.refuse(f"{name}: kv_connector {cfg.kv_connector!r}: kvagent's render is "
-                          "judged for the OffloadingConnector only")
+                          f"judged for {' and '.join(EXTRA_CONFIG_READERS)} only")
             return False
         return True
 
@@ -227,10 +294,81 @@ class Judge:
             if isinstance(tier, dict) and isinstance(tier.get("root_dir"), str):
                 self.root_dirs.append(os.path.normpath(tier["root_dir"]))
 
-    def unknown_keys(self, name: str, extra: dict[str, Any]) -> None:
-        for key in sorted(set(extra) - self.known):
+    def unknown_keys(self, name: str, extra: dict[str, Any], connector: str) -> None:
+        for key in sorted(set(extra) - self.known[connector]):
             self.v.refuse(f"{name}: unknown key kv_connector_extra_config.{key}: no "
-                          "offloading code of vLLM reads it (vLLM ignores it silently)")
+                          f"code of vLLM's {connector} reads it (vLLM ignores it silently)")
+
+    # -------------------------------------------------------------- disk backend
+    def disk_backend(self, name: str, cfg: Any, extra: dict[str, Any]) -> None:
+        """SimpleCPUOffloadConnector's worker, built by vLLM's factory; each rank's file."""
+        factory = self.vl.connectors.KVConnectorFactory
+        said: list[str] = []
+        with checkkit.engine_speaks(said):  # its import's warnings are the host's
+            factory.get_connector_class_by_name(SIMPLE)
+        self.v.messages.extend(f"import: {m}" for m in dict.fromkeys(said)
+                               if f"import: {m}" not in self.v.messages)
+        from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+
+        tp = self.payload.tensor_parallel
+        said = []
+        try:
+            with checkkit.engine_speaks(said):
+                connector = factory.create_connector(stand_in_config(cfg, tp),
+                                                     KVConnectorRole.WORKER, None)
+        except Exception as exc:
+            self.v.messages.append(f"{name}: {type(exc).__name__}: {exc}")
+            self.v.refuse(f"{name}: vLLM's {SIMPLE} refuses it: {describe(exc)}")
+            return
+        self.spoke(name, f"building the {SIMPLE}",
+                   [m for m in said if SIMPLE_LOGGERS.match(m)])
+        self.v.messages.extend(f"{name}: {m}" for m in dict.fromkeys(said)
+                               if not SIMPLE_LOGGERS.match(m))
+        worker = connector.worker_handler
+        if worker is None:
+            self.v.refuse(f"{name}: vLLM made no offloading worker: the connector is off")
+            return
+        if not worker.disk_mode:
+            self.v.refuse(f"{name}: kv_offload_backend "
+                          f"{extra.get('kv_offload_backend', 'cpu')!r} keeps blocks in host "
+                          "RAM: nothing reaches the pool")
+            return
+        if "use_page_cache" in extra and type(extra["use_page_cache"]) is not bool:
+            self.v.refuse(f"{name}: use_page_cache={extra['use_page_cache']!r} is not a bool "
+                          "(vLLM's bool() reads any non-empty string as true)")
+        for rank in range(tp):
+            found = self.worker_file(name, worker, rank)
+            if found is None:
+                return
+            self.disk_files.append(found)
+
+    def worker_file(self, name: str, worker: Any, rank: int) -> DiskFile | None:
+        """The file the worker on CUDA device ``rank`` opens, by vLLM's own code."""
+        import torch
+
+        module = sys.modules[type(worker).__module__]
+        bpb = worker_bytes_per_block(self.payload.tensor_parallel)
+        real = module.DiskBackend
+        module.DiskBackend = Recorder
+        Recorder.calls = []
+        said: list[str] = []
+        try:
+            with checkkit.engine_speaks(said):
+                worker.num_cpu_blocks = worker._resolve_num_cpu_blocks(
+                    worker.disk_capacity_bytes, bpb)
+                worker._init_disk_mode({}, bpb, torch.device("cuda", rank))
+        except Exception as exc:
+            self.v.messages.append(f"{name}: {type(exc).__name__}: {exc}")
+            self.v.refuse(f"{name}: vLLM's disk worker on cuda:{rank} refuses it: "
+                          f"{describe(exc)}")
+            return None
+        finally:
+            module.DiskBackend = real
+        self.spoke(name, f"sizing the disk worker on cuda:{rank}",
+                   [m for m in said if SIMPLE_LOGGERS.match(m)])
+        (args,) = Recorder.calls
+        path, slots, block_bytes = args[4], args[5], args[6]
+        return DiskFile(name, rank, path, slots * block_bytes)
 
     def preload(self, name: str, extra: dict[str, Any]) -> bool:
         """Import the spec and tier modules the file names, only from vLLM's registries
@@ -329,11 +467,43 @@ class Judge:
                           f"{self.payload.engine} directories {self.payload.directories}")
 
 
+def disk_files(payload: checkkit.Payload, found: list[DiskFile], v: checkkit.Verdict) -> None:
+    """Every worker's file in a pool directory and its own; each at most its directory's
+    quota divided among the payload's ranks, and all of a directory's together at most
+    its quota."""
+    owners: dict[str, DiskFile] = {}
+    totals: dict[str, int] = {}
+    for f in found:
+        where = f"{f.name}: the worker on cuda:{f.rank}"
+        directory = checkkit.owning_directory(f.path, payload.directories)
+        if directory is None:
+            v.refuse(f"{where} opens {f.path}, outside the pool's {payload.engine} "
+                     f"directories {payload.directories}")
+            continue
+        other = owners.setdefault(f.path, f)
+        if other is not f:
+            v.refuse(f"{where} opens {f.path}, as does {other.name}'s worker on "
+                     f"cuda:{other.rank}: vLLM unlinks the name at start, so the workers "
+                     "race for it and one's blocks fill an unlinked file")
+        cap = payload.cap_of(f.path) or 0
+        if f.size > cap // payload.ranks:
+            v.refuse(f"{where} may fill {f.size} bytes of {f.path}, more than the quota of "
+                     f"{directory} ({cap} bytes) divided among its {payload.ranks} "
+                     f"worker(s) ({cap // payload.ranks})")
+        totals[directory] = totals.get(directory, 0) + f.size
+    for directory, total in sorted(totals.items()):
+        cap = payload.directory_caps[payload.directories.index(directory)]
+        if total > cap:
+            v.refuse(f"the disk backend's files in {directory} may fill {total} bytes "
+                     f"together, more than its quota ({cap} bytes)")
+
+
 def unused_directories(payload: checkkit.Payload, roots: list[str], v: checkkit.Verdict) -> None:
-    """Each of the pool's directories is some file's fs tier (else its quota is unused)."""
+    """Each of the pool's directories is some file's fs tier or holds some worker's disk
+    file (else its quota is unused)."""
     for d in payload.directories:
         if not any(checkkit.owning_directory(r, [d]) for r in roots):
-            v.refuse(f"no file's fs tier uses the pool directory {d}")
+            v.refuse(f"no file's fs tier or disk backend uses the pool directory {d}")
 
 
 def main() -> None:
@@ -344,20 +514,25 @@ def main() -> None:
     v.method = (
         f"imported vllm {vl.version} and called: arg_utils._expand_json_human_readable_numbers "
         "+ TypeAdapter(KVTransferConfig).validate_json on each file (as vllm serve "
-        "--kv-transfer-config parses it), KVConnectorFactory._registry, "
-        "OffloadingSpecFactory.create_spec(OffloadingConfig(...)) for a "
+        "--kv-transfer-config parses it), KVConnectorFactory._registry; for the "
+        "OffloadingConnector OffloadingSpecFactory.create_spec(OffloadingConfig(...)) for a "
         f"{MODEL['name']}-like model at tensor_parallel={payload.tensor_parallel}, "
         "build_metric_definitions, config_info_keys, SecondaryTierFactory.get_tier_class and "
-        "inspect.signature(tier class).bind; read the source of vllm/v1/kv_offload and the "
-        "OffloadingConnector with ast for the kv_connector_extra_config keys vLLM reads")
-    judge = Judge(vl, payload, v, extra_config_keys(vl.root))
+        "inspect.signature(tier class).bind; for the SimpleCPUOffloadConnector "
+        "KVConnectorFactory.create_connector (worker role, a stand-in VllmConfig) and, per "
+        "rank, the worker's _resolve_num_cpu_blocks and _init_disk_mode (DiskBackend "
+        "recorded, not run); read the connectors' sources with ast for the "
+        "kv_connector_extra_config keys vLLM reads")
+    known = {c: extra_config_keys(vl.root, r) for c, r in EXTRA_CONFIG_READERS.items()}
+    judge = Judge(vl, payload, v, known)
     if not payload.files:
         v.refuse("no file rendered")
     for name, text in sorted(payload.files.items()):
         judge.file(name, text)
-    unused_directories(payload, judge.root_dirs, v)
+    disk_files(payload, judge.disk_files, v)
+    unused_directories(payload, judge.root_dirs + [f.path for f in judge.disk_files], v)
     checkkit.emit(v)
 
 
 if __name__ == "__main__":
-    main()
+    checkkit.run(main)

@@ -14,6 +14,9 @@ engine's code could not be loaded), ``engine_version``, ``method`` (how the engi
 code was run: imported, loaded from its files, or its source read with ``ast``),
 ``problems`` (why refused, in words) and ``messages`` (what the engine itself said:
 warnings, log lines, its exception). Exit 0 accepted, 1 refused, 3 unavailable.
+
+A batch, ``{"batch": [payload, ...]}``, is judged in one process (the engine imported
+once): one verdict line per payload, each with its ``batch_index``, then exit 0.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import os
 import shlex
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,9 +60,29 @@ class Payload:
         return None if d is None else self.directory_caps[self.directories.index(d)]
 
 
-def read_payload() -> Payload:
-    """The payload from stdin."""
+#: The payload a checker's ``main`` judges next, and its index in a batch (set by
+#: :func:`run`; index None: not a batch).
+_current: dict[str, Any] = {"payload": None, "index": None}
+
+
+def run(main: Callable[[], None]) -> None:
+    """A checker's entry point: ``main`` on the payload on stdin, or once per payload of
+    a batch (each verdict line carries its ``batch_index``; exit 0 after the last)."""
     data = json.load(sys.stdin)
+    if not (isinstance(data, dict) and isinstance(data.get("batch"), list)):
+        _current["payload"] = data
+        main()
+        return
+    for index, item in enumerate(data["batch"]):
+        _current.update(payload=item, index=index)
+        with contextlib.suppress(SystemExit):  # emit's exit: the verdict is printed
+            main()
+    sys.exit(0)
+
+
+def read_payload() -> Payload:
+    """The payload being judged (from stdin, or the batch entry :func:`run` is on)."""
+    data = _current["payload"] if _current["payload"] is not None else json.load(sys.stdin)
     known = Payload.__dataclass_fields__
     return Payload(**{k: v for k, v in data.items() if k in known})
 
@@ -86,9 +109,11 @@ class Verdict:
 
 def emit(v: Verdict) -> None:
     """Print the verdict as JSON and exit with its code."""
-    print(json.dumps({"verdict": v.verdict, "engine_version": v.engine_version,
-                      "method": v.method, "problems": v.problems, "messages": v.messages},
-                     sort_keys=True))
+    out: dict[str, Any] = {"verdict": v.verdict, "engine_version": v.engine_version,
+                           "method": v.method, "problems": v.problems, "messages": v.messages}
+    if _current["index"] is not None:
+        out["batch_index"] = _current["index"]
+    print(json.dumps(out, sort_keys=True), flush=True)
     sys.exit(EXIT[v.verdict])
 
 

@@ -9,7 +9,7 @@
 - :mod:`.kmsg`: the kernel log lines a fabrics command made;
 - :mod:`.controllers`: a controller (a first or a further one) through
   ``/dev/nvme-fabrics``, ``nvme disconnect``;
-- :mod:`.listing`: ``nvme list-subsys``, ``nvme list``, ``nvme list-ns``;
+- :mod:`.listing`: ``nvme list-ns`` (a controller's active namespaces);
 - :mod:`.cli`: :class:`~.cli.NvmeCli`, all of them as one object over a runner (what the
   initiator's steps are given, and what tests replace).
 """

@@ -15,7 +15,7 @@ from . import controllers, discovery, listing
 from .controllers import CONNECT_TIMEOUT
 from .discovery import DiscoveryEntry
 from .kmsg import KernelLog, KernelLogReader
-from .listing import LIST_TIMEOUT, ListedNamespace, ListedSubsystem
+from .listing import LIST_TIMEOUT
 from .options import FabricsOptions, fabrics_write_command
 from .output import NVME, NvmeCliError
 
@@ -93,14 +93,6 @@ class NvmeCli:
         return controllers.disconnect(
             self.run, device=device, nqn=nqn,
             timeout=self.list_timeout if timeout is None else timeout)
-
-    def list_subsys(self) -> list[ListedSubsystem]:
-        """``nvme list-subsys`` (the subsystems this host has controllers of)."""
-        return listing.list_subsys(self.run, self.list_timeout)
-
-    def list_devices(self) -> list[ListedNamespace]:
-        """``nvme list`` (the namespaces' block devices)."""
-        return listing.list_devices(self.run, self.list_timeout)
 
     def list_ns(self, controller: str) -> list[int]:
         """Active namespace ids of a controller (Identify active NS list), e.g. ``nvme2``."""

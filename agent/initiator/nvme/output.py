@@ -1,11 +1,11 @@
 """What nvme-cli prints, read tolerantly: the first JSON value of its output, keys looked
 up case-insensitively, values taken only where they make sense.
 
-nvme-cli's JSON changed shape across 2.x releases (fixtures of each version under
-tests/unit/initiator/fixtures/, with their sources in its README); the parsers
-(:mod:`.discovery`, :mod:`.listing`, :mod:`.controllers`) ignore fields they do not know
-and skip entries they cannot make sense of, so a new nvme-cli degrades to "less
-information", not to a crash.
+nvme-cli's JSON changed shape across releases (fixtures of several versions under
+tests/unit/initiator/fixtures/, with their sources in its README); the parser of
+``nvme discover`` (:mod:`.discovery`) ignores fields it does not know and skips entries
+it cannot make sense of, so a new nvme-cli degrades to "less information", not to a
+crash.
 """
 
 from __future__ import annotations

@@ -249,8 +249,8 @@ def _odirect_works(directory: Path) -> bool:
         path.unlink()
 
 
-@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
 def test_real_fio_quick_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert shutil.which("fio"), "fio is not installed (scripts/setup installs it)"
     if not _odirect_works(tmp_path):
         pytest.skip(f"{tmp_path} does not support O_DIRECT")
     monkeypatch.setattr(bench_cmd, "make_runner", SubprocessRunner)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent import failpoints
 from agent.config.model import EngineConfig
 from agent.config.types import AccountName, FileMode, Percent
 from agent.engines.dirs import (
@@ -86,6 +87,55 @@ def test_a_symlink_on_the_way_to_a_subdirectory_is_refused(tmp_path) -> None:
     with pytest.raises(KvagentError, match="is a symlink"):
         prepare_subdirectories([os.path.join(ms[0], "lmcache", "r", "rank_0")], ms, engine())
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_symlink_deeper_on_the_way_is_refused(tmp_path) -> None:
+    ms = mounts(tmp_path, 1)
+    prepare(ms, engine(), require_mount=False)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.makedirs(os.path.join(ms[0], "lmcache", "a"))
+    os.symlink(elsewhere, os.path.join(ms[0], "lmcache", "a", "b"))
+    with pytest.raises(KvagentError, match=r"lmcache/a/b exists and is a symlink"):
+        prepare_subdirectories([os.path.join(ms[0], "lmcache", "a", "b", "c", "rank_0")], ms,
+                               engine())
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_directory_swapped_for_a_symlink_midway_leads_nowhere_outside(tmp_path,
+                                                                       monkeypatch) -> None:
+    """F2 (issue 35): the engine's user owns its directory and swaps ``r`` for a link to a
+    directory outside right after kvagent made and fixed ``r``, before it makes
+    ``r/rank_0``. Each component is made and changed through the descriptor of the one
+    above, opened from the mount down without following links: nothing is made, owned or
+    moded outside (before the fix ``rank_0`` was made there and given the engine's owner)."""
+    ms = mounts(tmp_path, 1)
+    root = os.path.join(ms[0], "sglang")
+    owner = "1000" if os.geteuid() == 0 else str(os.getuid())
+    prepare(ms, engine("sglang", owner=owner), require_mount=False)
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o755)
+    before = os.stat(outside)
+    real_step = failpoints.step
+
+    def swap_after_r(kind: str, subject: str = "") -> None:
+        real_step(kind, subject)
+        if kind == "dir.mode" and subject == os.path.join(root, "r"):
+            os.rename(subject, subject + ".moved")
+            os.symlink(outside, subject)
+
+    monkeypatch.setattr(failpoints, "step", swap_after_r)
+    # Made in the directory kvagent opened (now r.moved, still the engine's), or refused.
+    try:
+        prepare_subdirectories([os.path.join(root, "r", "rank_0")], ms,
+                               engine("sglang", owner=owner, mode=0o750))
+        assert os.path.isdir(os.path.join(root, "r.moved", "rank_0"))
+    except KvagentError as exc:
+        assert "exists and is a symlink" in exc.message
+    assert list(outside.iterdir()) == []
+    after = os.stat(outside)
+    assert (after.st_uid, after.st_gid, after.st_mode) == (before.st_uid, before.st_gid,
+                                                           before.st_mode)
 
 
 def test_prepare_twice_changes_nothing(tmp_path) -> None:

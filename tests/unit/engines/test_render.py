@@ -34,7 +34,7 @@ def ctx(kind: EngineKind, dirs: tuple[str, ...] = ("/mnt/kv/ns0/x",), cap: int =
         probes = tuple(probe(d.rsplit("/", 1)[0]) for d in dirs)
     if "ranks" in kw:
         kw["tensor_parallel"] = kw.pop("ranks")
-    if kind == "vllm":  # vLLM's renderer refuses without its CPU tier (test_render_vllm.py)
+    if kind == "vllm":  # its fs tier (cpu_cache); the disk backend: test_render_vllm.py
         kw.setdefault("cpu_bytes", 32 * GIB)
     return EngineContext("pool-a", kind, dirs, cap, probes, **kw)
 

@@ -1,5 +1,6 @@
-"""Dynamo KVBM's renderer: env keys, decimal GB sized by the smallest directory's quota,
-presence switches only on failed probes, and the GPUDirect Storage refusal.
+"""Dynamo KVBM's renderer: env keys, decimal GB sized by each file's own directory's quota
+(a share below 1 GB refused, never rendered as 0), presence switches only on failed
+probes, and the GPUDirect Storage refusal.
 
 Expected names are written here from kvbm 1.6.1's ``kvbm/_core.abi3.so`` strings and
 ai-dynamo/dynamo lib/llm/src/block_manager/storage/disk.rs (DISK_CACHE_KEY,
@@ -16,7 +17,7 @@ import errno
 import pytest
 
 from agent.engines import EngineContext, render
-from agent.engines.base import engine_bytes
+from agent.engines.base import TierOff, engine_bytes
 from agent.engines.dynamo import GdsNotReady
 from agent.errors import UsageError
 from agent.system.gds import GdsReadiness
@@ -49,15 +50,17 @@ def test_env_keys_and_decimal_gb_under_the_quota() -> None:
     assert r.subdirectories == ()
 
 
-def test_every_directory_gets_the_smallest_quota() -> None:
-    """KVBM preallocates its whole size in each directory: uneven namespaces are sized by
-    the smaller one."""
+def test_each_directory_gets_its_own_quota() -> None:
+    """Each env file is for the KVBM instances of its own directory: uneven namespaces
+    give each file its own directory's size (the issue: both were sized by the smaller,
+    the 1 TB directory got 485 of its 1000 GB)."""
     dirs = ("/mnt/kv/ns0/dynamo", "/mnt/kv/ns1/dynamo")
     r = render("dynamo", ctx(dirs, cap=1500 * GB, directory_caps=(1000 * GB, 500 * GB)))
     assert list(r.files) == ["dynamo-kvbm-0.env", "dynamo-kvbm-1.env"]
     envs = [parse_env(t) for t in r.files.values()]
     assert [e["DYN_KVBM_DISK_CACHE_DIR"] for e in envs] == list(dirs)
-    assert {e["DYN_KVBM_DISK_CACHE_GB"] for e in envs} == {"485"}  # 500 GB less 3%
+    # 1000 GB and 500 GB less 3% headroom
+    assert [e["DYN_KVBM_DISK_CACHE_GB"] for e in envs] == ["970", "485"]
 
 
 def test_tensor_parallel_is_not_split_data_parallel_is() -> None:
@@ -71,10 +74,30 @@ def test_tensor_parallel_is_not_split_data_parallel_is() -> None:
     assert dp["DYN_KVBM_DISK_CACHE_GB"] == str(engine_bytes(100 * GB, 4) // GB) == "24"
 
 
-def test_below_one_gb_is_noted() -> None:
-    r = render("dynamo", ctx(cap=GB // 2))
-    assert parse_env(r.files["dynamo-kvbm.env"])["DYN_KVBM_DISK_CACHE_GB"] == "0"
-    assert any("below 1 GB" in n for n in r.notes)
+def test_below_one_gb_is_refused_not_rendered_as_zero() -> None:
+    """0 GB is KVBM's disk tier off: the render is refused (an error of the pool's
+    hand-off), naming the directory, its quota and what each instance would get."""
+    with pytest.raises(TierOff) as info:
+        render("dynamo", ctx(cap=GB // 2))
+    assert "DYN_KVBM_DISK_CACHE_GB would switch its disk tier off" in info.value.message
+    assert f"/mnt/kv/ns0/dynamo (quota {GB // 2} bytes)" in info.value.message
+    assert f"{engine_bytes(GB // 2)} bytes, below 1 GB" in info.value.message
+    assert "engines[].capacity" in (info.value.hint or "")
+
+
+def test_the_issues_second_example_is_refused() -> None:
+    """7.68 TB + 20 GB namespaces, five engines (each 18% of a mount), data_parallel 4:
+    every file said DYN_KVBM_DISK_CACHE_GB=0 (the 20 GB directory's share), the disk tier
+    off everywhere. Now the large directory alone would be 335 GB and the small one is
+    named in the refusal."""
+    dirs = ("/mnt/kv/ns0/dynamo", "/mnt/kv/ns1/dynamo")
+    caps = (1_382_400_000_000, 3_599_958_016)  # quota.mount_caps of 7.68 TB and 20 GB
+    with pytest.raises(TierOff) as info:
+        render("dynamo", ctx(dirs, cap=sum(caps), directory_caps=caps, data_parallel=4))
+    assert "/mnt/kv/ns1/dynamo (quota 3599958016 bytes)" in info.value.message
+    assert "/mnt/kv/ns0/dynamo" not in info.value.message
+    one = render("dynamo", ctx(dirs[:1], cap=caps[0], data_parallel=4))
+    assert parse_env(one.files["dynamo-kvbm.env"])["DYN_KVBM_DISK_CACHE_GB"] == "335"
 
 
 def test_fallbacks_when_probes_fail() -> None:

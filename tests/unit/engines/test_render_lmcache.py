@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from agent.engines import EngineContext, render
-from agent.engines.base import engine_bytes
+from agent.engines.base import TierOff, engine_bytes
 from agent.engines.lmcache import gib_floor, workers_per_directory
 
 from .helpers import probe
@@ -126,10 +126,16 @@ def test_notes_say_what_was_assumed() -> None:
     assert "consecutive CUDA devices" in text and "d % 2" in text
 
 
-def test_tiny_cap_says_nothing_is_stored() -> None:
-    r = render("lmcache", ctx(cap=GIB // 200))
-    assert yaml.safe_load(r.files["lmcache.yaml"])["max_local_disk_size"] == 0.0
-    assert any("below 0.01 GiB" in n for n in r.notes)
+def test_a_share_below_a_hundredth_gib_is_refused_not_rendered_as_zero() -> None:
+    """max_local_disk_size 0 makes no LocalDiskBackend (LMCache's disk tier off): refused,
+    naming the directory that is too small, not rendered with a note."""
+    dirs = ("/mnt/kv/ns0/lmcache", "/mnt/kv/ns1/lmcache")
+    with pytest.raises(TierOff) as info:
+        render("lmcache", ctx(dirs, cap=100 * GIB, directory_caps=(100 * GIB, GIB // 200)))
+    assert "max_local_disk_size would switch its disk tier off" in info.value.message
+    assert f"/mnt/kv/ns1/lmcache (quota {GIB // 200} bytes)" in info.value.message
+    assert "/mnt/kv/ns0/lmcache" not in info.value.message
+    assert "below 0.01 GiB" in info.value.message
 
 
 def test_falls_back_without_odirect() -> None:

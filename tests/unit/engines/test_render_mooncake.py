@@ -10,8 +10,10 @@ MOONCAKE_OFFLOAD_FILE_STORAGE_PATH) and the strings of ``mooncake/store.so``
 
 from __future__ import annotations
 
+import pytest
+
 from agent.engines import EngineContext, render
-from agent.engines.base import engine_bytes
+from agent.engines.base import TierOff, engine_bytes
 
 from .helpers import parse_env, probe
 
@@ -79,3 +81,15 @@ def test_several_directories_one_rank_need_no_subdirectory() -> None:
     r = render("mooncake", ctx(dirs))
     assert list(r.files) == ["mooncake-0.env", "mooncake-1.env"] and r.subdirectories == ()
     assert [parse_env(t)[PATH] for t in r.files.values()] == list(dirs)
+
+
+def test_a_share_of_zero_bytes_is_refused_not_rendered() -> None:
+    """Mooncake refuses a total of 0 and reads a bucket size of 0 as 90% of the
+    filesystem: a directory whose quota gives each client nothing is refused, naming it."""
+    dirs = ("/mnt/kv/ns0/mooncake", "/mnt/kv/ns1/mooncake")
+    with pytest.raises(TierOff) as info:
+        render("mooncake", ctx(dirs, directory_caps=(3 * 10**9, 3), tensor_parallel=4))
+    assert "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES would switch" in info.value.message
+    assert "/mnt/kv/ns1/mooncake (quota 3 bytes) gives each of its 4 client(s) 0 bytes" in (
+        info.value.message)
+    assert "/mnt/kv/ns0/mooncake" not in info.value.message

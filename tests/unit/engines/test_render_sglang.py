@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import shlex
 
+import pytest
+
 from agent.engines import EngineContext, render
-from agent.engines.base import engine_bytes
+from agent.engines.base import TierOff, engine_bytes
 
 from .helpers import parse_env, probe
 from .test_render import SGLANG_ARGS, SGLANG_ENV_KEYS
@@ -101,3 +103,18 @@ def test_odirect_failure_is_only_a_note() -> None:
         bad = render("sglang", ctx(backend=backend, probes=probes))
         assert bad.files == good.files
         assert any("O_DIRECT" in n for n in bad.notes)
+
+
+@pytest.mark.parametrize(("backend", "key"), [
+    (None, "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"),
+    ("mooncake", "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES")])
+def test_a_share_of_zero_bytes_is_refused_not_rendered(backend: str | None, key: str) -> None:
+    """SGLang's LRUFileEvictor reads MAX_SIZE 0 as no cap (never evicts) and Mooncake 0 as
+    no limit: a directory whose quota gives each rank nothing is refused, naming it."""
+    with pytest.raises(TierOff) as info:
+        render("sglang", ctx(directory_caps=(8 * 10**9, 7), tensor_parallel=8,
+                             backend=backend))
+    assert f"{key} would switch its disk tier off" in info.value.message
+    assert f"{DIRS[1]} (quota 7 bytes) gives each of its 8 rank(s) 0 bytes" in (
+        info.value.message)
+    assert DIRS[0] not in info.value.message

@@ -1,12 +1,15 @@
-"""vLLM's renderer: one ``--kv-transfer-config`` JSON per directory, with the CPU tier vLLM
-requires, or no render at all.
+"""vLLM's renderer: ``--kv-transfer-config`` JSON files for its bounded disk backend (no
+``cpu_cache``) or for a CPU tier with an fs tier behind it (``cpu_cache``).
 
 Expected keys are written here from vLLM 0.33.0's code: vllm/config/kv_transfer.py
-(KVTransferConfig's fields), vllm/v1/kv_offload/cpu/spec.py (CPUOffloadingSpec raises
-"cpu_bytes_to_use must be specified" without it), vllm/v1/kv_offload/tiering/spec.py
-(TieringOffloadingSpec's ``secondary_tiers``) and tiering/fs/manager.py
-(FileSystemTierManager's constructor). The contract test (contract/test_vllm.py) holds
-renders to the pinned wheel.
+(KVTransferConfig's fields), distributed/kv_transfer/kv_connector/v1/
+simple_cpu_offload_connector.py (``kv_offload_backend``, ``disk_path``,
+``disk_capacity_bytes``, ``use_page_cache``; ``disk_capacity_bytes`` is per worker:
+v1/simple_kv_offload/worker.py sizes each worker's file from it), vllm/v1/kv_offload/
+cpu/spec.py (CPUOffloadingSpec raises "cpu_bytes_to_use must be specified" without it),
+vllm/v1/kv_offload/tiering/spec.py (TieringOffloadingSpec's ``secondary_tiers``) and
+tiering/fs/manager.py (FileSystemTierManager's constructor). The contract test
+(contract/test_vllm.py) holds renders to the pinned wheel.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from agent.engines import EngineContext, render
-from agent.errors import UsageError
+from agent.engines.base import TierOff, engine_bytes
 
 from .contract.kit import apply_pool
 from .helpers import probe
@@ -33,6 +36,10 @@ EXTRA_KEYS = {"spec_name", "cpu_bytes_to_use", "secondary_tiers"}
 # enable_kv_events, locality); tiering/factory.py pops type, module_path, backpressure.
 FS_TIER_KEYS = {"type", "root_dir", "n_read_threads", "n_write_threads", "enable_kv_events",
                 "locality", "module_path", "backpressure"}
+# simple_cpu_offload_connector.py: the keys SimpleCPUOffloadConnector.__init__ reads.
+DISK_KEYS = {"cpu_bytes_to_use", "cpu_bytes_to_use_per_rank", "num_cpu_blocks",
+             "lazy_offload", "kv_offload_backend", "disk_path", "disk_capacity_bytes",
+             "disk_buffer_slots", "use_page_cache"}
 
 
 def ctx(dirs: tuple[str, ...] = ("/mnt/kv/ns0/vllm",), cpu_bytes: int | None = 32 * GIB,
@@ -68,12 +75,69 @@ def test_one_file_per_directory() -> None:
     assert any("one file per directory" in n for n in r.notes)
 
 
-def test_without_cpu_cache_it_refuses_to_render() -> None:
-    """vLLM refuses to start without cpu_bytes_to_use: no render, an error naming the field."""
-    with pytest.raises(UsageError, match=r"engines\[\]\.cpu_cache") as err:
-        render("vllm", ctx(cpu_bytes=None))
-    assert "cpu_bytes_to_use" in err.value.message and "refuses to start" in err.value.message
-    assert err.value.hint is not None and "{kind: vllm, cpu_cache: 32GiB}" in err.value.hint
+# ------------------------------------------------------------------ disk backend
+
+def extra_of(r, name: str = NAME) -> dict:
+    data = json.loads(r.files[name])
+    assert set(data) == TOP_KEYS
+    assert data["kv_connector"] == "SimpleCPUOffloadConnector" and data["kv_role"] == "kv_both"
+    return data["kv_connector_extra_config"]
+
+
+def test_without_cpu_cache_the_bounded_disk_backend() -> None:
+    """No CPU tier asked for: vLLM's disk backend, sized in bytes per worker from the
+    directory's quota less headroom (100 GiB here), evicting by itself at that size."""
+    r = render("vllm", ctx(cpu_bytes=None))
+    assert r.format == "json" and list(r.files) == [NAME] and r.subdirectories == ()
+    extra = extra_of(r)
+    assert extra == {"kv_offload_backend": "disk", "disk_path": "/mnt/kv/ns0/vllm/kv-offload",
+                     "disk_capacity_bytes": engine_bytes(100 * GIB)}
+    assert set(extra) <= DISK_KEYS and type(extra["disk_capacity_bytes"]) is int
+    notes = " ".join(r.notes)
+    assert "SimpleCPUOffloadConnector" in notes and "evicts least recently used" in notes
+    assert "unlinks its files at start" in notes
+
+
+def test_disk_backend_each_directory_its_own_cap_each_replica_its_own_file() -> None:
+    """Uneven directories, tensor_parallel 4 x data_parallel 2: every worker of every
+    replica keeps a file in the directory, so each gets that directory's quota / 8; each
+    replica has its own file and disk_path (device indices restart at 0 per replica)."""
+    dirs = ("/mnt/kv/ns0/vllm", "/mnt/kv/ns1/vllm")
+    caps = (1000 * 10**9, 500 * 10**9)
+    r = render("vllm", ctx(dirs, cpu_bytes=None, directory_caps=caps, tensor_parallel=4,
+                           data_parallel=2))
+    assert list(r.files) == [f"vllm-kv-transfer-config-{i}-replica{k}.json"
+                             for i in (0, 1) for k in (0, 1)]
+    extras = {n: extra_of(r, n) for n in r.files}
+    assert [e["disk_path"] for e in extras.values()] == [
+        f"{d}/kv-offload-replica{k}" for d in dirs for k in (0, 1)]
+    assert [e["disk_capacity_bytes"] for e in extras.values()] == [
+        engine_bytes(caps[0], 8)] * 2 + [engine_bytes(caps[1], 8)] * 2
+    assert any("one file per replica" in n for n in r.notes)
+
+
+def test_disk_backend_uses_the_page_cache_only_where_odirect_failed() -> None:
+    dirs = ("/mnt/kv/ns0/vllm", "/mnt/kv/ns1/vllm")
+    probes = (probe("/mnt/kv/ns0"), probe("/mnt/kv/ns1", odirect=False))
+    r = render("vllm", ctx(dirs, cpu_bytes=None, probes=probes))
+    first, second = (extra_of(r, n) for n in r.files)
+    assert "use_page_cache" not in first and second["use_page_cache"] is True
+    assert any("use_page_cache true because O_DIRECT open failed" in n for n in r.notes)
+
+
+def test_disk_backend_share_of_zero_is_refused() -> None:
+    """vLLM refuses disk_capacity_bytes 0 (its disk tier off): kvagent refuses first,
+    naming the directory."""
+    dirs = ("/mnt/kv/ns0/vllm", "/mnt/kv/ns1/vllm")
+    with pytest.raises(TierOff) as info:
+        render("vllm", ctx(dirs, cpu_bytes=None, directory_caps=(100 * GIB, 3),
+                           tensor_parallel=4))
+    assert "disk_capacity_bytes would switch its disk tier off" in info.value.message
+    assert "/mnt/kv/ns1/vllm (quota 3 bytes) gives each of its 4 worker(s) 0 bytes" in (
+        info.value.message)
+
+
+# ------------------------------------------------------------------ fs tier
 
 
 def test_cpu_tier_is_per_engine_and_data_parallel_multiplies_it() -> None:
@@ -92,31 +156,37 @@ def test_without_odirect_only_notes() -> None:
     assert any("falls back to buffered" in n for n in bad.notes)
 
 
-def test_notes_say_the_quota_is_the_only_bound() -> None:
-    notes = " ".join(render("vllm", ctx()).notes)
-    assert "no size setting" in notes and "project quota" in notes
-    assert "engines[].cleaner" in notes and "_r<rank>" in notes
+def test_notes_say_what_bounds_the_fs_tier() -> None:
+    """The fs tier has no size: the cleaner bounds it (on by default), or, turned off,
+    the notes say the tier stops storing once full."""
+    on = " ".join(render("vllm", ctx(cleaner=True)).notes)
+    assert "no size setting" in on and "project quota" in on and "_r<rank>" in on
+    assert "kvagent's cleaner (engines[].cleaner, on by default for it) deletes" in on
+    off = " ".join(render("vllm", ctx()).notes)
+    assert "the cleaner is off" in off and "stores nothing more" in off
 
 
 # ------------------------------------------------------------------ through an apply
 
-def test_apply_without_cpu_cache_is_a_pool_error(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """The apply reports the missing field, removes an old vllm render, writes none, and
-    renders the pool's other engines."""
-    old = tmp_path / "state/engines/kv/vllm" / NAME
-    old.parent.mkdir(parents=True)
-    old.write_text("{}\n")
-    applied = apply_pool(tmp_path, monkeypatch, ["kind: vllm", "kind: mooncake"])
-    messages = [e.message for e in applied.result.errors]
-    assert len(messages) == 1 and "engines[].cpu_cache" in messages[0], messages
-    assert "cpu_cache: 32GiB" in (applied.result.errors[0].hint or "")
-    assert applied.files("vllm") == {} and not old.parent.exists()
+def test_apply_without_cpu_cache_renders_the_disk_backend(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without cpu_cache the apply renders the disk backend (before, an error of the pool:
+    no render at all), one file per directory, each sized from its own quota."""
+    applied = apply_pool(tmp_path, monkeypatch, ["kind: vllm", "kind: mooncake"],
+                         sizes=(1000 * 10**9, 500 * 10**9))
+    assert applied.result.ok, applied.result.errors
+    files = applied.files("vllm")
+    assert sorted(files) == ["vllm-kv-transfer-config-0.json", "vllm-kv-transfer-config-1.json"]
+    caps = applied.context("vllm").caps()
+    for text, mount, cap in zip(files.values(), applied.mounts, caps, strict=True):
+        extra = json.loads(text)["kv_connector_extra_config"]
+        assert extra["disk_path"] == f"{mount}/vllm/kv-offload"
+        assert extra["disk_capacity_bytes"] == engine_bytes(cap)
     assert applied.files("mooncake")
 
 
-def test_apply_with_cpu_cache_renders_it(tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_apply_with_cpu_cache_renders_the_fs_tier_with_the_cleaner_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     applied = apply_pool(tmp_path, monkeypatch, ["kind: vllm, cpu_cache: 32GiB"])
     assert applied.result.ok, applied.result.errors
     files = applied.files("vllm")
@@ -125,3 +195,4 @@ def test_apply_with_cpu_cache_renders_it(tmp_path: Path,
         extra = json.loads(text)["kv_connector_extra_config"]
         assert extra["cpu_bytes_to_use"] == 32 * GIB
         assert extra["secondary_tiers"] == [{"type": "fs", "root_dir": f"{mount}/vllm"}]
+    assert applied.context("vllm").cleaner is True

@@ -35,8 +35,8 @@ class Gpu:
         self.root = root
         self.mounts = [str(root / "mnt/kv/ns1"), str(root / "mnt/kv/ns2")]
         vllm = {"kind": "vllm", "owner": str(os.getuid()), "group": str(os.getgid())}
-        if cleaner:
-            vllm["cleaner"] = {"enabled": True}
+        if cleaner:  # the fs tier (cpu_cache): the disk backend refuses a cleaner
+            vllm.update(cpu_cache="1GiB", cleaner={"enabled": True})
         self.cfg = parse_config(yaml.safe_dump({
             "version": 1,
             "node": {"name": "gpu", "state_dir": str(root / "state"),

@@ -371,7 +371,9 @@ def test_two_thousand_slow_connections_from_an_unprivileged_user(tmp_path) -> No
     threads_before = threading.active_count()
     loop.start()
     try:
+        deadline = time.monotonic() + 60
         while agent.counters.apply_runs < 1:
+            assert time.monotonic() < deadline and loop.is_alive(), "no first pass"
             loop.join(0.05)
         # Debian's python3 (scripts/setup installs it): uid 65534 cannot enter /root,
         # where this venv's interpreter lives; the load needs only the standard library.

@@ -155,8 +155,9 @@ def test_a_busy_pool_is_left_mounted_and_tried_again_next_pass(host: FakeHost) -
 # --------------------------------------------------------------------- cleaner
 def test_the_cleaner_runs_only_when_turned_on(host: FakeHost) -> None:
     engines = ("kind: vllm, cpu_cache: 1GiB, cleaner: {enabled: true, high: 50%, low: 25%}",
-               "kind: lmcache")
-    # Small filesystems (800,000 bytes): each engine's cap is 327,680 bytes (45%, in 64 KiB).
+               "kind: sglang")
+    # Small filesystems (800,000 bytes): each engine's cap is 327,680 bytes (45%, in 64 KiB)
+    # (too small for LMCache's 0.01 GiB unit: its render would be refused).
     probe = host.probe
     host.probe = lambda path, *a, **kw: dataclasses.replace(probe(path), total_bytes=800_000)
     assert run(host, pool_yaml(host, engines)).ok
@@ -165,15 +166,15 @@ def test_the_cleaner_runs_only_when_turned_on(host: FakeHost) -> None:
     for i, name in enumerate(["old.bin", "mid.bin", "new.bin"]):
         (ns1 / "vllm" / name).write_bytes(b"v" * 65536)  # 3 x 64 KiB = 60% of the cap
         os.utime(ns1 / "vllm" / name, ns=(10**18 + i * 10**9,) * 2)
-    for name in ("a.bin", "b.bin", "c.bin", "d.bin"):  # 80% of lmcache's cap; cleaner off
-        (ns1 / "lmcache" / name).write_bytes(b"l" * 65536)
+    for name in ("a.bin", "b.bin", "c.bin", "d.bin"):  # 80% of sglang's cap; cleaner off
+        (ns1 / "sglang" / name).write_bytes(b"s" * 65536)
     result = run(host, pool_yaml(host, engines))
     assert result.ok, result.errors
     cleaned = [a for a in result.actions if a.kind == "engine.clean"]
     assert [a.subject for a in cleaned] == [str(ns1 / "vllm")]
     assert "deleted 2 oldest file(s)" in cleaned[0].detail
     assert sorted(p.name for p in (ns1 / "vllm").iterdir()) == ["new.bin"]
-    assert len(list((ns1 / "lmcache").iterdir())) == 4
+    assert len(list((ns1 / "sglang").iterdir())) == 4
     stats = (host.root / "state/cleaner/kv.json").read_text()
     assert '"runs": 1' in stats and '"files": 2' in stats
 

@@ -21,6 +21,8 @@ from agent.initiator.sysfs import Sysfs
 
 HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555"
 OTHER = "nqn.2014-08.org.example:another-tool"
+DATA_NQN = "nqn.2026-01.io.example:kv"
+BOOT = "9f3c1a52-6a2e-4d0b-9a51-2f0e3c7d8b11"
 
 
 def controller(sys: Path, name: str, nqn: str, traddr: str, hostnqn: str,
@@ -33,7 +35,9 @@ def controller(sys: Path, name: str, nqn: str, traddr: str, hostnqn: str,
 
 
 class FakeCli:
-    """add_controller makes the controller in the fake sysfs; disconnect removes it."""
+    """add_controller makes the controller in the fake sysfs; disconnect removes it (into
+    a graveyard beside the tree, keeping its inode number taken: the kernel never gives a
+    later controller's sysfs directory the inode number of one gone)."""
 
     def __init__(self, sys: Path, fail: set[str] = frozenset()):  # type: ignore[assignment]
         self.sys, self.fail = sys, fail
@@ -45,15 +49,26 @@ class FakeCli:
                            options.ctrl_loss_tmo))
         if traddr in self.fail:
             raise TransientConnectError("connect refused", "")
-        name = f"nvme{len(list((self.sys / 'class/nvme').iterdir()))}"
+        name = lowest_free(self.sys)
         controller(self.sys, name, nqn, traddr, hostnqn)
         return name
 
     def disconnect(self, *, device):  # type: ignore[no-untyped-def]
         self.calls.append(("disconnect", device))
-        for f in (self.sys / "class/nvme" / device).iterdir():
-            f.unlink()
-        (self.sys / "class/nvme" / device).rmdir()
+        gone(self.sys, device)
+
+
+def gone(sys: Path, name: str) -> None:
+    """Controller ``name`` deleted: its directory leaves the tree, its inode stays taken."""
+    graveyard = sys.parent / "gone"
+    graveyard.mkdir(exist_ok=True)
+    (sys / "class/nvme" / name).rename(graveyard / f"{name}.{len(list(graveyard.iterdir()))}")
+
+
+def lowest_free(sys: Path) -> str:
+    """The name the kernel gives the next controller: the lowest free ``nvme<N>``."""
+    taken = {p.name for p in (sys / "class/nvme").iterdir()}
+    return next(f"nvme{n}" for n in range(len(taken) + 1) if f"nvme{n}" not in taken)
 
 
 def config(tmp: Path, *targets: str, tls: bool = False) -> object:
@@ -73,7 +88,8 @@ def host(tmp_path: Path) -> tuple[Path, Path, FakeCli, DiscoveryControllers]:
     (sys / "class/nvme").mkdir(parents=True)
     run.mkdir(mode=0o700)
     cli = FakeCli(sys)
-    return sys, run, cli, DiscoveryControllers(run, cli, Sysfs(sys))  # type: ignore[arg-type]
+    return sys, run, cli, DiscoveryControllers(run, cli, Sysfs(sys),  # type: ignore[arg-type]
+                                               boot=BOOT)
 
 
 def test_one_per_port_made_once_and_recorded(tmp_path: Path, host) -> None:  # type: ignore[no-untyped-def]
@@ -159,3 +175,77 @@ def test_a_recorded_name_that_is_not_a_controllers_is_dropped(tmp_path: Path, ho
     keeper.sync([])
     assert cli.calls == [] and (sys / "class/nvme/nvme0").exists()
     assert json.loads((run / RECORD).read_text())["controllers"] == []
+
+
+def recorded(run: Path) -> list[dict]:
+    return json.loads((run / RECORD).read_text())["controllers"]
+
+
+def test_the_record_holds_the_controllers_sysfs_inode_and_the_boot(tmp_path: Path,
+                                                                  host) -> None:  # type: ignore[no-untyped-def]
+    sys, run, _cli, keeper = host
+    keeper.sync(wanted(config(tmp_path, "10.0.0.1"), HOSTNQN, None))
+    assert recorded(run) == [{
+        "name": "nvme0", "transport": "tcp", "traddr": "10.0.0.1", "trsvcid": "4420",
+        "hostnqn": HOSTNQN, "sysfs_ino": (sys / "class/nvme/nvme0").stat().st_ino,
+        "boot_id": BOOT}]
+
+
+def test_another_discovery_controller_that_takes_a_freed_name_is_not_kvagents(
+        tmp_path: Path, host) -> None:  # type: ignore[no-untyped-def]
+    """F5 (issue 35): kvagent's discovery controller went (an admin's disconnect); another
+    tool's, at the same port for the same host NQN, took its name. Name, address and host
+    NQN all match the record, the sysfs directory's inode number does not: not kvagent's,
+    never disconnected (before the fix it was, once no pool wanted the port)."""
+    sys, run, cli, keeper = host
+    keeper.sync(wanted(config(tmp_path, "10.0.0.1"), HOSTNQN, None))
+    gone(sys, "nvme0")
+    controller(sys, "nvme0", DISCOVERY_NQN, "10.0.0.1", HOSTNQN)  # nvme-stas's, say
+    cli.calls.clear()
+    assert keeper.sync([]) == [] and cli.calls == []
+    assert (sys / "class/nvme/nvme0").exists()
+    assert recorded(run) == []
+
+
+def test_a_data_controller_is_never_taken_for_a_recorded_discovery_controller(
+        tmp_path: Path, host) -> None:  # type: ignore[no-untyped-def]
+    """An entry naming a data controller of the pool, at the recorded port for the recorded
+    host NQN, whose inode number matches too (a record written by hand, or by a bug): it is
+    not a discovery controller, so not kvagent's, and never disconnected under a pool that
+    still wants its port (the other guard of issue 35's finding 5)."""
+    sys, run, cli, keeper = host
+    controller(sys, "nvme0", DATA_NQN, "10.0.0.1", HOSTNQN)
+    ino = (sys / "class/nvme/nvme0").stat().st_ino
+    (run / RECORD).write_text(json.dumps({"controllers": [{
+        "name": "nvme0", "transport": "tcp", "traddr": "10.0.0.1", "trsvcid": "4420",
+        "hostnqn": HOSTNQN, "sysfs_ino": ino, "boot_id": BOOT}]}))
+    done = keeper.sync(wanted(config(tmp_path, "10.0.0.1"), HOSTNQN, None))
+    assert ("disconnect", "nvme0") not in cli.calls
+    assert (sys / "class/nvme/nvme0/subsysnqn").read_text().strip() == DATA_NQN
+    assert done == ["connected nvme1 (tcp 10.0.0.1:4420)"]
+    assert [e["name"] for e in recorded(run)] == ["nvme1"]
+
+
+@pytest.mark.parametrize("change", ["no-inode", "inode-text", "another-boot"])
+def test_an_entry_that_proves_nothing_is_dropped_and_its_controller_left(
+        tmp_path: Path, host, change: str) -> None:  # type: ignore[no-untyped-def]
+    """An entry an older kvagent wrote (no inode number) or one from another boot (a run
+    directory that outlived a reboot: inode numbers start again) is not provably
+    kvagent's: dropped from the record, its controller used as another tool's and never
+    disconnected."""
+    sys, run, cli, keeper = host
+    keeper.sync(wanted(config(tmp_path, "10.0.0.1"), HOSTNQN, None))
+    entry = recorded(run)[0]
+    if change == "no-inode":
+        del entry["sysfs_ino"], entry["boot_id"]
+    elif change == "inode-text":
+        entry["sysfs_ino"] = str(entry["sysfs_ino"])
+    else:
+        entry["boot_id"] = "00000000-0000-0000-0000-000000000000"
+    (run / RECORD).write_text(json.dumps({"controllers": [entry]}))
+    cli.calls.clear()
+    wants = wanted(config(tmp_path, "10.0.0.1"), HOSTNQN, None)
+    assert keeper.sync(wants) == [] and cli.calls == []  # used: no second one made
+    assert recorded(run) == []
+    assert keeper.sync([]) == [] and cli.calls == []
+    assert (sys / "class/nvme/nvme0").exists()

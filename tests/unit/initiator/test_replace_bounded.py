@@ -38,9 +38,9 @@ class RecordingTracker(Tracker):
         self.started: list[tuple[str, float]] = []
 
     @contextlib.contextmanager
-    def step(self, what: str, bound: float) -> Iterator[progress.Step]:
+    def step(self, what: str, bound: float, label: str = "") -> Iterator[progress.Step]:
         self.started.append((what, bound))
-        with super().step(what, bound) as current:
+        with super().step(what, bound, label) as current:
             yield current
 
 

@@ -108,6 +108,8 @@ HW = {"wwid": "eui.01", "serial": "S1"}
     (claim(20 * GIB, wwid="eui.01"), now(serial=None), False),
     (claim(10 * GIB, serial="S1"), now(wwid=None), True),
     (claim(20 * GIB, serial="S1"), now(wwid=None), False),
+    (claim(10 * GIB, serial="S1"), now(wwid=None, serial="S2"), False),
+    (claim(10 * GIB, "/dev/sdz", serial="S1"), now(wwid=None), True),
     (claim(10 * GIB), now(), True),
     (claim(20 * GIB), now(), False),
     (claim(10 * GIB), now(size=None), False),
@@ -115,6 +117,7 @@ HW = {"wwid": "eui.01", "serial": "S1"}
     (claim(10 * GIB, "/dev/sdz"), now(), False),
 ], ids=["hw-same", "hw-node-moved", "hw-bigger", "hw-smaller", "hw-size-unreadable-now",
         "wwid-only-same", "wwid-only-bigger", "serial-only-same", "serial-only-bigger",
+        "serial-only-another-serial", "serial-only-node-moved",
         "legacy-same", "legacy-bigger", "legacy-size-unreadable-now", "legacy-size-unrecorded",
         "legacy-other-node"])
 def test_claim_matches_takes_the_size_into_account(claimed: DeviceClaim,

@@ -42,7 +42,8 @@ def test_wait_queues_behind_the_holder(tmp_path: Path) -> None:
     threading.Timer(0.3, release.set).start()
     with apply_lock(tmp_path, wait=True, timeout=30):
         order.append("second in")
-    t.join()
+    t.join(30)
+    assert not t.is_alive(), "the lock holder's thread did not end"
     assert order == ["first in", "first out", "second in"]
 
 
@@ -75,6 +76,7 @@ def test_cli_apply_is_busy_then_waits(tmp_path: Path) -> None:
     assert held.wait(10)
     threading.Timer(0.3, release.set).start()
     waited = CliRunner().invoke(main, ["-c", str(cfg), "-o", "json", "apply", "--wait"])
-    t.join()
+    t.join(30)
+    assert not t.is_alive(), "the lock holder's thread did not end"
     assert waited.exit_code == 0, waited.output
     assert '"changed": false' in waited.output

@@ -92,6 +92,42 @@ def judge_pinned(ctx: EngineContext, rendered: Rendered, dist: str) -> EngineVer
     return judge(ctx, rendered, sys.executable, pythonpath=path)
 
 
+def judge_batch(cases: Sequence[tuple[EngineContext, Rendered]],
+                *dists: str) -> list[EngineVerdict]:
+    """The pinned ``dists``' verdicts on many renders of one engine, judged by one run of
+    its checker (the engine's code imported once; ``checkkit.run``'s batch mode)."""
+    import json
+
+    from agent.engines.checks import script
+    from agent.engines.verdict import payload
+
+    kinds = {ctx.kind for ctx, _ in cases}
+    assert len(kinds) == 1, kinds
+    path = [str(wheel_files(dist)) for dist in dists]
+    shims = shim_dir(next(iter(kinds)))
+    if shims is not None:
+        path.append(str(shims))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run([sys.executable, str(script(next(iter(kinds))))],
+                          input=json.dumps({"batch": [payload(c, r) for c, r in cases]}),
+                          text=True, capture_output=True, env=env, timeout=900, check=False)
+    found: dict[int, EngineVerdict] = {}
+    for line in proc.stdout.splitlines():
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and isinstance(data.get("batch_index"), int):
+            found[data["batch_index"]] = EngineVerdict(
+                engine=next(iter(kinds)), verdict=data["verdict"],
+                engine_version=data.get("engine_version"), method=data.get("method", ""),
+                problems=tuple(data.get("problems", ())),
+                messages=tuple(data.get("messages", ())), python=sys.executable)
+    assert proc.returncode == 0 and sorted(found) == list(range(len(cases))), (
+        proc.returncode, sorted(found), proc.stderr[-3000:])
+    return [found[i] for i in range(len(cases))]
+
+
 def assert_refused(verdict: EngineVerdict, *words: str) -> EngineVerdict:
     """The engine refused, and one of its problems names every one of ``words``."""
     assert verdict.verdict == "refused", (verdict.problems, verdict.messages)
@@ -145,14 +181,30 @@ class AppliedPool:
         assert res.exit_code == 0, res.output
         return json.loads(res.stdout)["files"]
 
+    def apply(self) -> RunResult:
+        """One apply pass (attach, then the engines' hand-off) over the fake host."""
+        cfg = self.host.config(self._initiator)
+        result = RunResult(dry_run=False)
+        passes = InitiatorPass(cfg, self.host.runner, result, sysfs=self.host.sysfs,
+                               cli=self.host.cli, seams=self.host.seams())
+        for name in passes.detach_removed():
+            forget(cfg, name, result)
+        for m in passes.attach_configured():
+            hand_off(cfg, m.pool, m.mounts, m.transport, m.remounted, result,
+                     probe=self.host.probe, quotas=self.quota, gds=lambda: GDS,
+                     mountinfo=self.host.mountinfo)
+        return result
+
     _initiator: str = ""
 
 
 def apply_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engines: Sequence[str], *,
-               sizes: Sequence[int] = (1000 * GB, 1000 * GB)) -> AppliedPool:
+               sizes: Sequence[int] = (1000 * GB, 1000 * GB),
+               quota: FakeQuota | None = None) -> AppliedPool:
     """Attach pool ``kv`` (one namespace per entry of ``sizes``, each mount's filesystem
     that many bytes) through a real apply pass over the fake GPU host, with ``engines``
-    (YAML flow mappings without braces, e.g. ``"kind: vllm, cpu_cache: 8GiB"``)."""
+    (YAML flow mappings without braces, e.g. ``"kind: vllm, cpu_cache: 8GiB"``) and the
+    project quotas ``quota`` (default: a fresh fake)."""
     nsids = list(range(1, len(sizes) + 1))
     host = FakeHost(tmp_path, exports=[Export(NQN, nsids)])
     monkeypatch.setattr(os.path, "ismount", lambda p: os.fspath(p) in host.mounts())
@@ -179,15 +231,8 @@ def apply_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engines: Sequenc
       engines: [{eng}]
 """
     cfg = host.config(initiator)
-    result = RunResult(dry_run=False)
-    quota = FakeQuota()
-    passes = InitiatorPass(cfg, host.runner, result, sysfs=host.sysfs, cli=host.cli,
-                           seams=host.seams())
-    for name in passes.detach_removed():
-        forget(cfg, name, result)
-    for m in passes.attach_configured():
-        hand_off(cfg, m.pool, m.mounts, m.transport, m.remounted, result, probe=probe,
-                 quotas=quota, gds=lambda: GDS, mountinfo=host.mountinfo)
-    applied = AppliedPool(host, result, Path(cfg.node.state_dir), mounts, quota)
+    applied = AppliedPool(host, RunResult(dry_run=False), Path(cfg.node.state_dir), mounts,
+                          quota or FakeQuota())
     applied._initiator = initiator
+    applied.result = applied.apply()
     return applied

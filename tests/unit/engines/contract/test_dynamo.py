@@ -35,13 +35,17 @@ def quotas(applied: AppliedPool) -> list[int]:
 
 
 def assert_facts(applied: AppliedPool, files: dict[str, str], instances: int) -> None:
-    """Each file names one of the pool's KVBM directories, and its size in decimal GB,
-    times the instances sharing a directory, fits the SMALLEST directory's quota."""
+    """Each file names one of the pool's KVBM directories, and its size is that
+    directory's own quota less headroom, split among the instances sharing it, in whole
+    decimal GB (the issue's defect: every file sized by the smallest directory)."""
     dirs = [f"{m}/dynamo" for m in applied.mounts]
+    cap = dict(zip(dirs, quotas(applied), strict=True))
     envs = [parse_env(t) for t in files.values()]
     assert sorted(e[DIR] for e in envs) == sorted(dirs)
     for env in envs:
-        assert 0 < int(env[SIZE]) * GB * instances <= min(quotas(applied))
+        assert int(env[SIZE]) == engine_bytes(cap[env[DIR]], instances) // GB > 0
+        assert int(env[SIZE]) * GB * instances <= cap[env[DIR]]
+    assert len({e[SIZE] for e in envs}) == 2  # 1 TB and 0.5 TB: two sizes
 
 
 def test_apply_uneven_namespaces_tensor_parallel_accepted(tmp_path: Path,
@@ -60,14 +64,12 @@ def test_apply_uneven_namespaces_tensor_parallel_accepted(tmp_path: Path,
     assert "strings of kvbm/_core.abi3.so" in verdict.method
     assert "names the unit <size_in_gb>" in verdict.method
     assert_facts(applied, applied.files("dynamo"), instances=1)
-    gb = {int(parse_env(t)[SIZE]) for t in rendered.files.values()}
-    assert gb == {engine_bytes(min(quotas(applied))) // GB}
 
 
 def test_cli_render_data_parallel_accepted(tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The same check accepts ``kvagent engines render``'s files; two instances per
-    directory split the smallest quota (gds: trust: the CLI looks at this host's GDS)."""
+    directory split its quota (gds: trust: the CLI looks at this host's GDS)."""
     applied = apply_pool(tmp_path, monkeypatch, ["kind: dynamo, data_parallel: 2, gds: trust"],
                          sizes=(1000 * GB, 500 * GB))
     files = applied.cli_render("dynamo")
@@ -130,13 +132,17 @@ def test_size_not_whole_gb_refused(value: str) -> None:
 
 def test_size_in_bytes_refused() -> None:
     """Bytes where KVBM reads decimal GB."""
-    refused(*broken(**{SIZE: str(400 * GB)}), SIZE, "more than the smallest directory quota")
+    refused(*broken(**{SIZE: str(400 * GB)}), SIZE, "more than its quota")
 
 
-def test_size_of_the_larger_directory_refused() -> None:
-    """KVBM preallocates the whole size in each directory: the 900 GB directory's size
-    does not fit the 450 GB one."""
-    refused(*broken(**{SIZE: "873"}), "more than the smallest directory quota", str(CAPS[1]))
+def test_each_file_is_held_to_its_own_directory() -> None:
+    """KVBM preallocates the whole size in the directory its file names: the good render
+    gives the 900 GB directory 873 GB (accepted above); the same 873 GB in the 450 GB
+    directory's file is refused against that directory's quota."""
+    _, r = good()
+    sizes = [parse_env(t)[SIZE] for t in r.files.values()]
+    assert sizes == ["873", "436"]
+    refused(*broken(**{SIZE: "873"}), FILE, "more than its quota", str(CAPS[1]))
 
 
 def test_path_outside_the_pool_refused() -> None:

@@ -6,18 +6,24 @@ Python with the pinned wheel's files on PYTHONPATH (no shims):
   ``vllm.engine.arg_utils`` (``_expand_json_human_readable_numbers``: each file is parsed
   as ``vllm serve --kv-transfer-config`` parses it, then pydantic's
   ``TypeAdapter(KVTransferConfig).validate_json``), ``vllm.distributed.kv_transfer.
-  kv_connector.factory`` (the connector registry), ``vllm.v1.kv_offload.factory``
+  kv_connector.factory`` (the connector registry);
+- for the fs tier (``cpu_cache``): ``vllm.v1.kv_offload.factory``
   (``OffloadingSpecFactory.create_spec`` builds TieringOffloadingSpec, a CPUOffloadingSpec,
   from an ``OffloadingConfig`` for a small model at the pool's tensor-parallel size) and
   ``vllm.v1.kv_offload.tiering.factory`` (``get_tier_class``: each tier's keys are bound to
   FileSystemTierManager's signature; the tier is not constructed, it would write);
-- read with ``ast``: vllm/v1/kv_offload and the OffloadingConnector's modules, for the
-  ``kv_connector_extra_config`` keys vLLM reads (it ignores others silently).
+- for the disk backend (no ``cpu_cache``): ``KVConnectorFactory.create_connector`` builds
+  SimpleCPUOffloadConnector in the worker role (its own validation of
+  ``kv_offload_backend``, ``disk_path``, ``disk_capacity_bytes``), then per rank the
+  worker's ``_resolve_num_cpu_blocks`` and ``_init_disk_mode`` name and size the file
+  vLLM would open (its DiskBackend, which pins memory and writes, replaced by a recorder);
+- read with ``ast``: each connector's modules, for the ``kv_connector_extra_config`` keys
+  vLLM reads (it ignores others silently).
 vLLM's pure-Python dependencies are installed in the venv; its compiled ops (``vllm._C``)
 are not, which vLLM tolerates with a warning at import (reported, not held against a render).
 
 Renders come from a real apply pass over the fake GPU host and from ``kvagent engines
-render``; the negative test hands the checker deliberately broken renders.
+render``; the negative tests hand the checker deliberately broken renders.
 """
 
 from __future__ import annotations
@@ -30,13 +36,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.engines import EngineContext, Rendered
+from agent.engines import EngineContext, Rendered, render
+from agent.engines.base import engine_bytes
 
-from .kit import GB, AppliedPool, apply_pool, judge_pinned, wheel_files
+from .kit import GB, AppliedPool, apply_pool, assert_refused, judge_pinned, wheel_files
 
 DIST = "vllm"
 GIB = 1024**3
-TIER = ("vllm.v1.kv_offload.tiering.spec", "vllm.v1.kv_offload.tiering.fs.manager")
+TIER = ("vllm.v1.kv_offload.tiering.spec", "vllm.v1.kv_offload.tiering.fs.manager",
+        "vllm.distributed.kv_transfer.kv_connector.v1.simple_cpu_offload_connector")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -110,6 +118,31 @@ def test_cli_render_tensor_parallel_accepted(tmp_path: Path,
     assert (ctx.tensor_parallel, ctx.data_parallel) == (4, 2)
     assert_facts(applied, ctx, files)
     assert_accepted(ctx, Rendered(files, "json"), tp=4)
+
+
+def test_apply_disk_backend_uneven_namespaces_tp4_dp2_accepted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without cpu_cache: vLLM's factory builds SimpleCPUOffloadConnector from each of the
+    apply's files (1 TB and 0.5 TB namespaces, tensor_parallel 4 x data_parallel 2: a
+    file per directory and replica), and its worker code names and sizes every rank's
+    file inside that directory, all of them within its quota. ``kvagent engines render``
+    gives the same files."""
+    applied = apply_pool(tmp_path, monkeypatch,
+                         ["kind: vllm, tensor_parallel: 4, data_parallel: 2"],
+                         sizes=(1000 * GB, 500 * GB))
+    assert applied.result.ok, applied.result.errors
+    ctx = applied.context("vllm")
+    rendered = applied.rendered("vllm")
+    assert applied.cli_render("vllm") == dict(rendered.files)
+    assert len(rendered.files) == 4
+    caps = dict(zip(ctx.directories, ctx.caps(), strict=True))
+    for text in rendered.files.values():
+        data = json.loads(text)
+        assert data["kv_connector"] == "SimpleCPUOffloadConnector"
+        extra = data["kv_connector_extra_config"]
+        directory = os.path.dirname(extra["disk_path"])
+        assert extra["disk_capacity_bytes"] == engine_bytes(caps[directory], 8)
+    assert_accepted(ctx, rendered, tp=4)
 
 
 # ------------------------------------------------------------------ refused
@@ -191,3 +224,83 @@ def test_without_vllm_the_verdict_is_unavailable(tmp_path: Path) -> None:
     verdict = judge(ctx, Rendered(broken_render(directory), "json"), sys.executable)
     assert verdict.verdict == "unavailable", (verdict.problems, verdict.messages)
     assert any("importing vllm" in m and "vllm" in m for m in verdict.messages)
+
+
+def broken_disk_render(directory: str) -> dict[str, str]:
+    """Disk-backend files broken one way each (and one good one), for one directory."""
+    def config(**extra: object) -> str:
+        base = {"kv_offload_backend": "disk", "disk_path": f"{directory}/kv-offload",
+                "disk_capacity_bytes": GIB}
+        return json.dumps({"kv_connector": "SimpleCPUOffloadConnector", "kv_role": "kv_both",
+                           "kv_connector_extra_config": {
+                               k: v for k, v in {**base, **extra}.items() if v is not None}})
+
+    return {
+        "good.json": config(),
+        "no-path.json": config(disk_path=None),
+        "zero.json": config(disk_path=f"{directory}/z", disk_capacity_bytes=0),
+        "cpu.json": config(disk_path=f"{directory}/c", kv_offload_backend="cpu"),
+        "nvme.json": config(disk_path=f"{directory}/n", kv_offload_backend="nvme"),
+        "unknown-key.json": config(disk_path=f"{directory}/u", disk_bytes=GIB),
+        "outside.json": config(disk_path="/var/tmp/kv-offload"),
+        "the-directory.json": config(disk_path=directory),
+        "same-path.json": config(),
+        "too-big.json": config(disk_path=f"{directory}/b", disk_capacity_bytes=10**12),
+        "page-cache-string.json": config(disk_path=f"{directory}/p", use_page_cache="false"),
+    }
+
+
+def test_broken_disk_backend_renders_refused(tmp_path: Path) -> None:
+    """vLLM's SimpleCPUOffloadConnector and its worker code refuse each broken file with a
+    problem naming it: no disk_path and a capacity of 0 (its own ValueErrors), an unknown
+    backend (its ValueError), the cpu backend (its warning "ignoring disk-only config":
+    nothing reaches the pool), an unknown key (ast), a file outside the pool, disk_path
+    the directory itself (the worker's file is <dir>.rank_0, beside it), two files on one
+    path (vLLM unlinks the name at start), a capacity past the directory's quota,
+    use_page_cache as a string. The good file draws no problem."""
+    directory = str(tmp_path / "mnt/kv/store1-ns1/vllm")
+    cap = 100 * GIB
+    ctx = EngineContext("kv", "vllm", (directory,), cap, directory_caps=(cap,))
+    verdict = judge_pinned(ctx, Rendered(broken_disk_render(directory), "json"), DIST)
+    assert verdict.verdict == "refused" and verdict.engine_version == "0.33.0"
+
+    def problems(name: str) -> str:
+        return " | ".join(p for p in verdict.problems if p.startswith(f"{name}:"))
+
+    assert problems("good.json") == ""
+    assert "requires disk_path to be set" in problems("no-path.json")
+    assert "requires disk_capacity_bytes > 0" in problems("zero.json")
+    assert "ignoring disk-only config" in problems("cpu.json")
+    assert "keeps blocks in host RAM" in problems("cpu.json")
+    assert "Unknown kv_offload_backend 'nvme'" in problems("nvme.json")
+    assert "unknown key kv_connector_extra_config.disk_bytes" in problems("unknown-key.json")
+    assert "opens /var/tmp/kv-offload.rank_0, outside the pool" in problems("outside.json")
+    assert f"opens {directory}.rank_0, outside the pool" in problems("the-directory.json")
+    assert "as does good.json's worker on cuda:0" in problems("same-path.json")
+    assert "more than the quota of" in problems("too-big.json")
+    assert "use_page_cache='false' is not a bool" in problems("page-cache-string.json")
+
+
+def test_a_disk_render_for_the_wrong_worker_count_refused(tmp_path: Path) -> None:
+    """The render for one worker per directory, judged for tensor_parallel 4: four workers
+    each fill what the directory had for one, past its quota."""
+    directory = str(tmp_path / "mnt/kv/store1-ns1/vllm")
+    one = EngineContext("kv", "vllm", (directory,), 100 * GIB, directory_caps=(100 * GIB,))
+    four = EngineContext("kv", "vllm", (directory,), 100 * GIB, directory_caps=(100 * GIB,),
+                         tensor_parallel=4)
+    assert_refused(judge_pinned(four, render("vllm", one), DIST),
+                   "the disk backend's files in", "more than its quota")
+
+
+def test_a_quota_below_one_block_is_refused_by_the_workers_own_sizing(tmp_path: Path) -> None:
+    """kvagent's render for a 1 MiB directory tells the worker 1,017,118 bytes; vLLM's
+    worker still makes one block (2 MiB for this model at tensor_parallel 1), past the
+    quota: kvagent cannot know a model's block size, vLLM's own sizing shows it."""
+    directory = str(tmp_path / "mnt/kv/store1-ns1/vllm")
+    ctx = EngineContext("kv", "vllm", (directory,), 1 << 20, directory_caps=(1 << 20,))
+    rendered = render("vllm", ctx)
+    extra = json.loads(rendered.files["vllm-kv-transfer-config.json"])[
+        "kv_connector_extra_config"]
+    assert extra["disk_capacity_bytes"] == engine_bytes(1 << 20) == 1_017_118
+    assert_refused(judge_pinned(ctx, rendered, DIST), "may fill 2097152 bytes",
+                   "more than the quota of")

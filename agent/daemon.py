@@ -139,6 +139,9 @@ class Agent:
         #: when: the periodic collects in between reuse it.
         self.topology: Topology | None = None
         self.topology_at = 0.0
+        #: When the local drives' smart-logs were last read: a collect after a pass or on
+        #: a device event within health.interval of it keeps them (a command per drive).
+        self.drives_at: float | None = None
         #: What the passes left of kvagent's own objects, and what drifted since.
         self.drift = DriftTracker(cfg.health.interval, cfg.health.full_interval)
         #: Drift the last collect found that is due to be healed (the loop's next step).
@@ -297,9 +300,15 @@ class Agent:
                 self.topology, self.topology_at = topology, self.clock()
             elif self.cfg.target is not None and self.cfg.target.pools:
                 topology = self.topology = refresh_target(self.cfg, topology)
+            previous = self.store.get()
+            now = self.clock()
+            keep = None if previous is None or self.drives_at is None or (
+                now - self.drives_at >= self.cfg.health.interval) else previous.drives
             snap = collect(self.cfg, self.runner, last_apply=self.last_apply,
                            counters=self.counters, config_error=self.config_error,
-                           topology=topology)
+                           topology=topology, drive_health=keep)
+            if keep is None:
+                self.drives_at = now
             facts = snap.facts
         except Exception as exc:  # the loop must survive a collector bug
             log.error("health collect failed", error=f"{type(exc).__name__}: {exc}")

@@ -52,6 +52,7 @@ from .smart import local_controllers, read_local_drives
 from .snapshot import (
     ApplySummary,
     ControllerHealth,
+    DriveHealth,
     InitiatorSide,
     LoopCounters,
     PathAna,
@@ -124,13 +125,15 @@ def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
             drives: bool = True, quota: QuotaOps | None = None,
             mountinfo: Path = MOUNTINFO,
             shut_down: Callable[[str], bool] = is_shut_down,
-            topology: Topology | None = None) -> Snapshot:
+            topology: Topology | None = None,
+            drive_health: tuple[DriveHealth, ...] | None = None) -> Snapshot:
     """A snapshot of every pool of this host, its controllers and its local drives.
 
     ``topology``: the one read last (:func:`read_topology`), when nothing the agent hears
     of has happened since; read now when None. ``quota``, ``mountinfo`` and
     ``shut_down`` (whether a mounted xfs shut down) are seams for tests: engines' usage
-    comes from xfs project quotas where the mount table shows them on."""
+    comes from xfs project quotas where the mount table shows them on. ``drive_health``:
+    the local drives as read lately (no smart-log now)."""
     topo = (topology if topology is not None
             else read_topology(cfg, fs=fs, sysfs=sysfs, drives=drives))
     quota = quota or XfsQuota()
@@ -150,8 +153,8 @@ def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
                     (c.name for c in ctrls),
                     (m for m in record.mounts if (e := table.get(os.path.normpath(m)))
                      and not device_gone(e.device, cfg.node.sysfs)))
-    found_drives = ()
-    if drives:
+    found_drives = drive_health or ()
+    if drives and drive_health is None:
         try:
             found_drives = tuple(read_local_drives(runner, sysfs=cfg.node.sysfs,
                                                    controllers=topo.local_drives))

@@ -200,7 +200,7 @@ class Agent:
                 self.counters, apply_runs=self.counters.apply_runs + 1,
                 apply_failures=self.counters.apply_failures + 1)
             self.last_apply = ApplySummary(time.time(), False, 0, 1, time.time() - started)
-            self.collect(after_pass=covered)
+            self.collect(after_pass=True, covered=covered)
             return exc if isinstance(exc, KvagentError) else KvagentError(str(exc))
         except Exception as exc:  # a bug escaping the pass: this pass fails, the loop goes on
             log.error("unexpected error in the apply pass", exc_info=exc)
@@ -212,7 +212,7 @@ class Agent:
                 unexpected_errors=self.counters.unexpected_errors + 1)
             self.last_apply = ApplySummary(time.time(), False, 0, 1, time.time() - started,
                                            (("agent", None, message),), 1)
-            self.collect(after_pass=covered)
+            self.collect(after_pass=True, covered=covered)
             return KvagentError(message, UNEXPECTED_HINT)
         self._not_busy()
         failed = sum(1 for a in result.actions if a.status == "failed") + len(result.errors)
@@ -229,7 +229,7 @@ class Agent:
         for e in result.errors:
             log.warning("apply problem", role=e.role, pool=e.pool, error=e.message, hint=e.hint)
         self._keep_discovery_controllers()
-        self.collect(after_pass=covered)
+        self.collect(after_pass=True, covered=covered)
         return result
 
     def _keep_discovery_controllers(self) -> None:
@@ -278,9 +278,8 @@ class Agent:
         self.counters = dataclasses.replace(self.counters, apply_busy_passes=0)
         daemonfiles.clear_busy(self.run_dir)
 
-    _ALL: Any = object()
-
-    def collect(self, *, fresh: bool = True, after_pass: Any = _ALL) -> Snapshot:
+    def collect(self, *, fresh: bool = True, after_pass: bool = False,
+                covered: set[PoolKey] | None = None) -> Snapshot:
         """Collect a snapshot, store it, write the textfile, report STATUS= to systemd;
         find drift (:mod:`agent.health.drift`) and leave what is due in ``heal_next``.
 
@@ -288,8 +287,8 @@ class Agent:
         periodic collect (not fresh) reuses the last one, read at most
         ``health.full_interval`` ago, and reads only what has no events (mounts, usage,
         drives) and the storage side (configfs has none: a change there is drift).
-        ``after_pass``: the pools the pass just run covered (None: every pool), whose
-        facts become the drift baseline; not given: no pass ran, every pool is compared."""
+        ``after_pass``: a pass just ran over the pools ``covered`` (None: every pool), whose
+        facts become the drift baseline; the others are compared with theirs."""
         facts: Facts | None = None
         try:
             topology = self.topology
@@ -318,7 +317,7 @@ class Agent:
                                               config_error=self.config_error,
                                               counters=self.counters))
         if facts is not None:
-            self._find_drift(facts, after_pass)
+            self._find_drift(facts, covered if after_pass else set())
         snap = dataclasses.replace(snap, apply_busy=self.busy, counters=self.counters,
                                    drift=self.drift.lately())
         self.store.set(snap)
@@ -529,13 +528,10 @@ class Agent:
                 self._heal(schedule)
             schedule.collect_by(self.drift.next_heal())
 
-    def _find_drift(self, facts: Facts, after_pass: Any) -> None:
+    def _find_drift(self, facts: Facts, covered: set[PoolKey] | None) -> None:
         """Compare a collect's facts with the baseline the passes left; what is due goes to
-        ``heal_next`` (a fresh baseline for what a pass just covered)."""
-        if after_pass is self._ALL:
-            drifts = self.drift.observe(facts)
-        else:
-            drifts = self.drift.passed(facts, after_pass)
+        ``heal_next`` (a fresh baseline for what a pass just ``covered``: None, every pool)."""
+        drifts = self.drift.passed(facts, covered)
         self.heal_next = self.drift.due(drifts, now=self.clock(), wall=time.time())
         self.counters = dataclasses.replace(
             self.counters, drift_detected=tuple(

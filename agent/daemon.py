@@ -51,7 +51,8 @@ from .config import Config, ConfigError, load_config
 from .errors import KvagentError
 from .events import Batch, Batcher, ControllerWatch, DeviceEvent, UdevFeed
 from .health import notify
-from .health.collect import Topology, collect, read_topology
+from .health.collect import Topology, collect, read_topology, refresh_target
+from .health.drift import Drift, DriftTracker, Facts, PoolKey
 from .health.endpoint import Endpoint
 from .health.metrics import write_textfile
 from .health.server import HealthServer, SnapshotStore
@@ -102,6 +103,11 @@ class Schedule:
     def collected(self, now: float, cfg: Config) -> None:
         self.collect = now + cfg.health.interval
 
+    def collect_by(self, when: float | None) -> None:
+        """Collect no later than ``when`` (a drift held back by its back-off is due)."""
+        if when is not None:
+            self.collect = min(self.collect, when)
+
 
 class Agent:
     """The loop's state: config, counters, the snapshot store and the HTTP server."""
@@ -136,6 +142,13 @@ class Agent:
         #: when: the periodic collects in between reuse it.
         self.topology: Topology | None = None
         self.topology_at = 0.0
+        #: When the local drives' smart-logs were last read: a collect after a pass or on
+        #: a device event within health.interval of it keeps them (a command per drive).
+        self.drives_at: float | None = None
+        #: What the passes left of kvagent's own objects, and what drifted since.
+        self.drift = DriftTracker(cfg.health.interval, cfg.health.full_interval)
+        #: Drift the last collect found that is due to be healed (the loop's next step).
+        self.heal_next: list[Drift] = []
 
     # ----------------------------------------------------------------- signals
     def install_signals(self) -> None:
@@ -150,17 +163,29 @@ class Agent:
 
     # ------------------------------------------------------------------- steps
     def reconcile(self, *, wait_for_lock: bool = False, rebind: tuple[str, ...] = (),
-                  attach_only: tuple[str, ...] | None = None) -> RunResult | KvagentError:
+                  attach_only: tuple[str, ...] | None = None,
+                  target_only: bool = False,
+                  rediscover: bool = True) -> RunResult | KvagentError:
         """One apply pass (never raises) and a fresh snapshot; returns the pass's outcome.
 
         ``wait_for_lock`` and ``rebind`` come from ``kvagent apply`` requests (this pass
-        only); ``attach_only`` makes it an attach pass over those initiator pools.
+        only); ``attach_only`` makes it an attach pass over those initiator pools,
+        ``target_only`` the storage side's pass alone; without ``rediscover`` an attach
+        pass takes the subsystems its pools' records found. The snapshot after it is the
+        drift baseline of the pools the pass covered.
         """
         started = time.time()
+        covered: set[PoolKey] | None = None
+        if attach_only is not None:
+            covered = {("initiator", p) for p in attach_only}
+        elif target_only:
+            covered = {("target", p.name) for p in (self.cfg.target.pools
+                                                     if self.cfg.target else ())}
         try:
             result = run_pass(self.cfg, dry_run=False, runner=self.runner,
                               wait_for_lock=wait_for_lock, rebind=rebind,
-                              attach_only=attach_only)
+                              attach_only=attach_only, target_only=target_only,
+                              rediscover=rediscover)
         except progress.Stopping:
             log.warning("pass stopped at a step boundary: the agent is stopping; the next "
                         "start finishes it", seconds=round(time.time() - started, 1))
@@ -169,7 +194,7 @@ class Agent:
                                 "the agent's next pass finishes the work")
         except Busy as exc:
             self._skipped(exc)
-            self.collect()
+            self.collect()  # (nothing ran: no new baseline)
             return exc
         except (KvagentError, OSError) as exc:
             log.error("apply pass failed", error=str(exc))
@@ -178,7 +203,7 @@ class Agent:
                 self.counters, apply_runs=self.counters.apply_runs + 1,
                 apply_failures=self.counters.apply_failures + 1)
             self.last_apply = ApplySummary(time.time(), False, 0, 1, time.time() - started)
-            self.collect()
+            self.collect(after_pass=True, covered=covered)
             return exc if isinstance(exc, KvagentError) else KvagentError(str(exc))
         except Exception as exc:  # a bug escaping the pass: this pass fails, the loop goes on
             log.error("unexpected error in the apply pass", exc_info=exc)
@@ -190,7 +215,7 @@ class Agent:
                 unexpected_errors=self.counters.unexpected_errors + 1)
             self.last_apply = ApplySummary(time.time(), False, 0, 1, time.time() - started,
                                            (("agent", None, message),), 1)
-            self.collect()
+            self.collect(after_pass=True, covered=covered)
             return KvagentError(message, UNEXPECTED_HINT)
         self._not_busy()
         failed = sum(1 for a in result.actions if a.status == "failed") + len(result.errors)
@@ -207,7 +232,7 @@ class Agent:
         for e in result.errors:
             log.warning("apply problem", role=e.role, pool=e.pool, error=e.message, hint=e.hint)
         self._keep_discovery_controllers()
-        self.collect()
+        self.collect(after_pass=True, covered=covered)
         return result
 
     def _keep_discovery_controllers(self) -> None:
@@ -256,14 +281,19 @@ class Agent:
         self.counters = dataclasses.replace(self.counters, apply_busy_passes=0)
         daemonfiles.clear_busy(self.run_dir)
 
-    def collect(self, *, fresh: bool = True) -> Snapshot:
-        """Collect a snapshot, store it, write the textfile, report STATUS= to systemd.
+    def collect(self, *, fresh: bool = True, after_pass: bool = False,
+                covered: set[PoolKey] | None = None) -> Snapshot:
+        """Collect a snapshot, store it, write the textfile, report STATUS= to systemd;
+        find drift (:mod:`agent.health.drift`) and leave what is due in ``heal_next``.
 
         ``fresh``: read the host's topology now (after a pass, on a device event); the
         periodic collect (not fresh) reuses the last one, read at most
         ``health.full_interval`` ago, and reads only what has no events (mounts, usage,
-        drives)."""
+        drives) and the storage side (configfs has none: a change there is drift).
+        ``after_pass``: a pass just ran over the pools ``covered`` (None: every pool), whose
+        facts become the drift baseline; the others are compared with theirs."""
         self.endpoint.retry()  # (a health port that could not be bound: every interval)
+        facts: Facts | None = None
         try:
             topology = self.topology
             if fresh or topology is None or (
@@ -271,9 +301,18 @@ class Agent:
                 self.topology = None  # (a failed read is not reused)
                 topology = read_topology(self.cfg)
                 self.topology, self.topology_at = topology, self.clock()
+            elif self.cfg.target is not None and self.cfg.target.pools:
+                topology = self.topology = refresh_target(self.cfg, topology)
+            previous = self.store.get()
+            now = self.clock()
+            keep = None if previous is None or self.drives_at is None or (
+                now - self.drives_at >= self.cfg.health.interval) else previous.drives
             snap = collect(self.cfg, self.runner, last_apply=self.last_apply,
                            counters=self.counters, config_error=self.config_error,
-                           topology=topology)
+                           topology=topology, drive_health=keep)
+            if keep is None:
+                self.drives_at = now
+            facts = snap.facts
         except Exception as exc:  # the loop must survive a collector bug
             log.error("health collect failed", error=f"{type(exc).__name__}: {exc}")
             previous = self.store.get()
@@ -281,8 +320,10 @@ class Agent:
                     if previous else Snapshot(time.time(), self.clock(), self.cfg.node.name,
                                               config_error=self.config_error,
                                               counters=self.counters))
+        if facts is not None:
+            self._find_drift(facts, covered if after_pass else set())
         snap = dataclasses.replace(snap, apply_busy=self.busy, counters=self.counters,
-                                   health_error=self.endpoint.error)
+                                   health_error=self.endpoint.error, drift=self.drift.lately())
         self.store.set(snap)
         if self.server is not None:
             self.server.metrics.warm()  # scrapes then only add the head and the tail
@@ -323,6 +364,8 @@ class Agent:
         old_listen = self.cfg.health.listen
         self.cfg = new
         self.topology = None  # (read for the old config)
+        self.drift.interval = new.health.interval
+        self.drift.full_interval = new.health.full_interval
         self.config_error = None
         self.counters = dataclasses.replace(self.counters,
                                             config_reloads=self.counters.config_reloads + 1)
@@ -485,19 +528,58 @@ class Agent:
                 snap = self.store.get()
                 if snap is not None:
                     self.store.set(snap.ticked(taken_at=time.time(), tick_at=self.clock()))
+            if self.heal_next and pending != "stop" and not progress.stop_requested():
+                self._heal(schedule)
+            schedule.collect_by(self.drift.next_heal())
+
+    def _find_drift(self, facts: Facts, covered: set[PoolKey] | None) -> None:
+        """Compare a collect's facts with the baseline the passes left; what is due goes to
+        ``heal_next`` (a fresh baseline for what a pass just ``covered``: None, every pool)."""
+        drifts = self.drift.passed(facts, covered)
+        self.heal_next = self.drift.due(drifts, now=self.clock(), wall=time.time())
+        self.counters = dataclasses.replace(
+            self.counters, drift_detected=tuple(
+                (role, kind, n) for (role, kind), n in sorted(self.drift.detected_total.items())))
+        held = self.drift.held
+        if held:
+            log.warning("drift: kvagent's own objects keep changing behind its back; healing "
+                        "again after a back-off", changes=[d.describe() for d in held],
+                        pools=sorted({f"{d.role} {d.pool}" for d in held}))
+
+    def _heal(self, schedule: Schedule) -> None:
+        """A targeted pass for the drift found: the storage side's pass for a storage pool,
+        an attach pass over the drifted GPU pools."""
+        drifts, self.heal_next = self.heal_next, []
+        self.drift.healing(drifts, now=self.clock())
+        self.counters = dataclasses.replace(self.counters,
+                                            drift_heals=self.counters.drift_heals + 1)
+        log.warning("drift: kvagent's own objects changed behind its back; healing now",
+                    changes=[d.describe() for d in drifts],
+                    pools=sorted({f"{d.role} {d.pool}" for d in drifts}))
+        if any(d.role == "target" for d in drifts):
+            outcome = self.reconcile(target_only=True)
+            schedule.passed(self.clock(), self.cfg, full=False, ok=_ok(outcome))
+        pools = tuple(sorted({d.pool for d in drifts if d.role == "initiator"}))
+        if pools:
+            outcome = self.reconcile(attach_only=pools)
+            schedule.passed(self.clock(), self.cfg, full=False, ok=_ok(outcome))
 
     def _on_devices(self, batch: Batch, schedule: Schedule) -> None:
-        """A batch of device events: collect at once (a lost controller shows now), then,
-        when something appeared, attach the initiator pools (a new namespace is mounted
-        and handed off)."""
+        """A batch of device events: when something appeared, attach the initiator pools
+        (a new namespace is mounted and handed off; the collect after the pass shows
+        it); when something went away, collect first (a lost controller shows now)."""
         self.counters = dataclasses.replace(
             self.counters, device_events=self.counters.device_events + batch.count,
             device_batches=self.counters.device_batches + 1)
         log.info("device events", events=batch.count, kinds=batch.summary())
-        self.collect()
         pools = tuple(p.name for p in self.cfg.initiator.pools) if self.cfg.initiator else ()
-        if pools and batch.something_appeared:
-            outcome = self.reconcile(attach_only=pools)
+        attach = bool(pools) and batch.something_appeared
+        if not attach or batch.something_went:
+            self.collect()
+        if attach:
+            # New subsystems come with a discovery AEN; a namespace added or a controller
+            # back needs no discovery (a command, and the storage host asked, per pool).
+            outcome = self.reconcile(attach_only=pools, rediscover=batch.rediscover)
             schedule.passed(self.clock(), self.cfg, full=False, ok=_ok(outcome))
         else:
             schedule.collected(self.clock(), self.cfg)

@@ -62,7 +62,9 @@ def classify(subsystem: str | None, action: str | None, sys_name: str | None,
       action; a ``change`` carrying ``NVME_AEN`` (an asynchronous event: a discovery log
       change, a namespace list change) is an ``aen``;
     - ``block`` devices named ``nvme*`` (namespaces and their partitions): add, remove,
-      change (a resize).
+      change; a change the kernel made for a new capacity (``RESIZE=1``) is a
+      ``resize``, any other (udev's own after a program wrote the device, as kvagent's
+      mkfs does; a ``change`` written to ``uevent``) stays a ``change``.
     """
     name, action = sys_name or "", action or ""
     if subsystem == "nvme" and name.startswith("nvme") and name[4:].isdigit():
@@ -70,7 +72,8 @@ def classify(subsystem: str | None, action: str | None, sys_name: str | None,
         return DeviceEvent(kind, action, name)
     if subsystem == "block" and name.startswith("nvme") and action in ("add", "remove",
                                                                         "change"):
-        return DeviceEvent("namespace", action, name)
+        resize = action == "change" and properties.get("RESIZE") == "1"
+        return DeviceEvent("namespace", "resize" if resize else action, name)
     return None
 
 
@@ -96,6 +99,18 @@ class Batch:
         controller). Events not kept count as appearing."""
         return self.dropped > 0 or any(_appeared(e) for e in self.events)
 
+    @property
+    def rediscover(self) -> bool:
+        """Whether the storage hosts may offer new subsystems: an AEN (a discovery log
+        change comes as one; events not kept count as one)."""
+        return self.dropped > 0 or any(e.kind == "aen" for e in self.events)
+
+    @property
+    def something_went(self) -> bool:
+        """Whether something went away: a controller removed or no longer live, a
+        namespace removed (events not kept count as going)."""
+        return self.dropped > 0 or any(_went(e) for e in self.events)
+
     def summary(self) -> dict[str, int]:
         kinds: dict[str, int] = {}
         for e in self.events:
@@ -104,16 +119,25 @@ class Batch:
 
 
 def _appeared(event: DeviceEvent) -> bool:
-    """Namespaces added or changed, an AEN, a controller live again. Not a controller's own
+    """Namespaces added or resized, an AEN, a controller live again. Not a controller's own
     add, change or remove: every ``nvme discover`` (the attach pass runs one per pool)
     makes and removes a discovery controller, whose events would start the next pass,
-    for ever (found on the real kernel). A new data controller's namespaces bring their
-    own block events."""
+    for ever (found on the real kernel). Not a namespace's plain ``change``: udev makes
+    one after every program that wrote the device (kvagent's own mkfs made each attach
+    pass start another, a second after it, on the real kernel). A new data controller's
+    namespaces bring their own block events."""
     if event.kind == "aen":
         return True
     if event.kind == "controller":
         return event.action == "state live"
-    return event.action in ("add", "change")
+    return event.action in ("add", "resize")
+
+
+def _went(event: DeviceEvent) -> bool:
+    if event.kind == "controller":
+        return event.action == "remove" or (event.action.startswith("state ")
+                                            and event.action != "state live")
+    return event.kind == "namespace" and event.action == "remove"
 
 
 #: How often :class:`ControllerWatch` reads the controllers' states.

@@ -24,7 +24,8 @@ log = get_logger("reconcile")
 def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
              wait_for_lock: bool = False, rebind: Iterable[str] = (),
              on_lock_wait: Callable[[LockHolder | None], None] | None = None,
-             attach_only: Collection[str] | None = None) -> RunResult:
+             attach_only: Collection[str] | None = None,
+             target_only: bool = False, rediscover: bool = True) -> RunResult:
     """Plan (``dry_run``) or apply the config on this host; never raises for a failed action.
 
     ``rebind`` names target pools whose namespaces may move to other storage (with a
@@ -33,7 +34,11 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
     ``wait_for_lock`` waits for it). ``attach_only``: an attach pass over those
     initiator pools (connect, find, format blank devices, mount, hand off), what
     ``kvagent run`` does on device events: nothing is detached or forgotten and the
-    storage side is not touched.
+    storage side is not touched; without ``rediscover``, a pool attached in full before
+    is not asked again which subsystems it has (events that cannot bring a new one).
+    ``target_only``: the storage side's pass alone, what
+    ``kvagent run`` does when a collect sees its nvmet objects changed behind its back
+    (the GPU side is not touched).
     """
     from .engines.handoff import forget, leftover_pools
     from .initiator.reconcile import InitiatorPass
@@ -43,8 +48,12 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
     result = RunResult(dry_run=dry_run)
 
     def passes() -> None:
+        if target_only:
+            TargetPass(cfg, runner, result, dry_run=dry_run, rebind=rebind).run()
+            return
         if attach_only is not None:
-            initiator = InitiatorPass(cfg, runner, result, dry_run=dry_run)
+            initiator = InitiatorPass(cfg, runner, result, dry_run=dry_run,
+                                      rediscover=rediscover)
             pools = [p for p in (cfg.initiator.pools if cfg.initiator else ())
                      if p.name in attach_only]
             hand_off_pools(cfg, initiator.attach(pools), result)

@@ -824,12 +824,17 @@ class HealthConfig:
     )
     interval: Duration = doc_field(
         "Collect interval of kvagent run (status, metrics, /healthz), and how soon a pass "
-        "that failed is tried again.", Duration(30))
+        "that failed is tried again. A collect also compares kvagent's own objects (nvmet "
+        "subsystems, namespaces, allowed hosts, ports and links, host keys; GPU pools' "
+        "controllers and mounts) with what the last pass left: a change made behind its "
+        "back is healed by a targeted pass at once, so this bounds how long such drift "
+        "lasts.", Duration(30))
     full_interval: Duration = doc_field(
         "Interval of kvagent run's full live pass over every pool. Between them, udev "
-        "events (controllers, namespaces) drive collects and GPU-side attach passes, and "
-        "SIGHUP / kvagent apply a full pass; configfs has no events, so this is the bound "
-        "on noticing a hand-made change to the target.", Duration(300))
+        "events (controllers, namespaces) drive collects and GPU-side attach passes, "
+        "collects heal drift of kvagent's own objects, and SIGHUP / kvagent apply a full "
+        "pass; this bounds anything else (a lost event, what no collect reads) and the "
+        "back-off of a fight over a drifted object.", Duration(300))
     textfile: AbsPath | None = doc_field(
         "Also write metrics in node_exporter textfile format to this file (atomically).", None
     )

@@ -268,7 +268,7 @@ def probe_from_json(data: dict[str, Any]) -> ProbeResult:
         finished_at=data["finished_at"], odirect_ok=data["odirect_ok"],
         fallocate_ok=data["fallocate_ok"],
         odirect=ODirectResult(od["ok"], od["size_bytes"], od["alignment"],
-                              failure(od.get("failure")), od.get("sha256")),
+                              failure(od.get("failure"))),
         fallocate=FallocateResult(fa["ok"], fa["requested_bytes"], fa.get("reserved_bytes"),
                                   fa.get("method"), failure(fa.get("failure"))),
         dio_align=DioAlign(dio.get("mem_align"), dio.get("offset_align"), dio.get("error")),

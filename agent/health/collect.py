@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from nvmet.errors import NvmetError
 
 from ..config.model import Config, InitiatorPool, TargetPool
 from ..errors import KvagentError
-from ..initiator.mounts import MOUNTINFO, MountEntry, read_mounts
+from ..initiator.mounts import MOUNTINFO, MountEntry, device_gone, read_mounts
 from ..initiator.sysfs import Controller, NamespaceHead, Sysfs
 from ..initiator.xfsmount import is_shut_down
 from ..log import get_logger
@@ -43,13 +43,16 @@ from ..records import (
 from ..state import read_json
 from ..system.run import Runner
 from ..system.xfsquota import QuotaOps, XfsQuota
+from ..target.auth import wants_auth
 from ..target.desired import pool_layout
 from ..target.reconcile import nvmet_fs
+from .drift import Fact, PoolKey, initiator_facts, target_facts, target_spec
 from .engineusage import engine_usages
 from .smart import local_controllers, read_local_drives
 from .snapshot import (
     ApplySummary,
     ControllerHealth,
+    DriveHealth,
     InitiatorSide,
     LoopCounters,
     PathAna,
@@ -60,17 +63,17 @@ from .snapshot import (
 
 log = get_logger("health.collect")
 NVMET_DEBUGFS = Path("/sys/kernel/debug/nvmet")
-#: What a pool's health needs of nvmet (every collect): names, links, enabled namespaces.
-HEALTH_SPEC = nvmet.ReadSpec(namespaces=frozenset({"enable"}))
 
 
 @dataclass(frozen=True)
 class Topology:
     """What a collect reads that changes only with an event, a pass of the agent, or by
-    hand in configfs (see the module's docstring): the target pools' health, the
-    initiator records, the controllers, each recorded subsystem's namespaces (by NQN)
-    and I/O policy, each pool's probe summary; the local (PCIe) NVMe controllers, whose
-    smart-logs a collect reads (None: not read with it)."""
+    hand in configfs (see the module's docstring): the target pools' health and drift
+    facts (:mod:`agent.health.drift`; read again by every collect, since configfs has
+    no events: :func:`refresh_target`), the initiator records, the controllers, each
+    recorded subsystem's namespaces (by NQN) and I/O policy, each pool's probe summary;
+    the local (PCIe) NVMe controllers, whose smart-logs a collect reads (None: not read
+    with it)."""
 
     target: tuple[PoolHealth, ...] = ()
     local_drives: tuple[Path, ...] | None = None
@@ -79,6 +82,22 @@ class Topology:
     heads: Mapping[str, Mapping[int, NamespaceHead]] = field(default_factory=dict)
     policies: Mapping[str, str | None] = field(default_factory=dict)
     probes: Mapping[str, dict[str, bool] | None] = field(default_factory=dict)
+    target_facts: Mapping[PoolKey, frozenset[Fact]] = field(default_factory=dict)
+
+
+def refresh_target(cfg: Config, topology: Topology, *,
+                   fs: nvmet.ConfigFS | None = None) -> Topology:
+    """``topology`` with the storage side read now (configfs has no events: a hand-made
+    change there shows at the next collect)."""
+    target, facts = _target_side(cfg, fs)
+    return dataclasses.replace(topology, target=target, target_facts=facts)
+
+
+def _target_side(cfg: Config, fs: nvmet.ConfigFS | None,
+                 ) -> tuple[tuple[PoolHealth, ...], dict[PoolKey, frozenset[Fact]]]:
+    if cfg.target is None or not cfg.target.pools:
+        return (), {}
+    return _target_pools(cfg, fs)
 
 
 def read_topology(cfg: Config, *, fs: nvmet.ConfigFS | None = None,
@@ -86,18 +105,18 @@ def read_topology(cfg: Config, *, fs: nvmet.ConfigFS | None = None,
     """The host's :class:`Topology`, read now (the local drives' controllers too, unless
     ``drives`` is false)."""
     sysfs = sysfs or Sysfs(cfg.node.sysfs)
-    target = (tuple(_target_pools(cfg, fs)) if cfg.target is not None and cfg.target.pools
-              else ())
+    target, facts = _target_side(cfg, fs)
     local = tuple(local_controllers(cfg.node.sysfs)) if drives else None
     if cfg.initiator is None:
-        return Topology(target, local)
+        return Topology(target, local, target_facts=facts)
     state = _safe_initiator_state(cfg)
     nqns = {s.subsysnqn for r in state.values() for s in r.subsystems}
     return Topology(
         target, local, state, tuple(sysfs.controllers()) if state else (),
         {nqn: sysfs.subsystem_namespaces(nqn) for nqn in nqns},
         {sub.nqn: sub.iopolicy for nqn in nqns for sub in sysfs.subsystems_of(nqn)},
-        {p.name: _probe_summary(cfg, p.name) for p in cfg.initiator.pools})
+        {p.name: _probe_summary(cfg, p.name) for p in cfg.initiator.pools},
+        target_facts=facts)
 
 
 def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
@@ -106,28 +125,36 @@ def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
             drives: bool = True, quota: QuotaOps | None = None,
             mountinfo: Path = MOUNTINFO,
             shut_down: Callable[[str], bool] = is_shut_down,
-            topology: Topology | None = None) -> Snapshot:
+            topology: Topology | None = None,
+            drive_health: tuple[DriveHealth, ...] | None = None) -> Snapshot:
     """A snapshot of every pool of this host, its controllers and its local drives.
 
     ``topology``: the one read last (:func:`read_topology`), when nothing the agent hears
     of has happened since; read now when None. ``quota``, ``mountinfo`` and
     ``shut_down`` (whether a mounted xfs shut down) are seams for tests: engines' usage
-    comes from xfs project quotas where the mount table shows them on."""
+    comes from xfs project quotas where the mount table shows them on. ``drive_health``:
+    the local drives as read lately (no smart-log now)."""
     topo = (topology if topology is not None
             else read_topology(cfg, fs=fs, sysfs=sysfs, drives=drives))
     quota = quota or XfsQuota()
     pools: list[PoolHealth] = list(topo.target)
     controllers: list[ControllerHealth] = []
+    facts: dict[PoolKey, frozenset[Fact]] = dict(topo.target_facts)
     if cfg.initiator is not None:
         # Read once per collect for every pool: the mount table.
         table = _mount_table(mountinfo) if topo.state else {}
         for pool in cfg.initiator.pools:
-            health, ctrls = _initiator_pool(cfg, pool, topo.state.get(pool.name), topo,
-                                            quota, shut_down, table)
+            record = topo.state.get(pool.name)
+            health, ctrls = _initiator_pool(cfg, pool, record, topo, quota, shut_down, table)
             pools.append(health)
             controllers += ctrls
-    found_drives = ()
-    if drives:
+            if record is not None:
+                facts[("initiator", pool.name)] = initiator_facts(
+                    (c.name for c in ctrls),
+                    (m for m in record.mounts if (e := table.get(os.path.normpath(m)))
+                     and not device_gone(e.device, cfg.node.sysfs)))
+    found_drives = drive_health or ()
+    if drives and drive_health is None:
         try:
             found_drives = tuple(read_local_drives(runner, sysfs=cfg.node.sysfs,
                                                    controllers=topo.local_drives))
@@ -140,7 +167,7 @@ def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
     return Snapshot(taken_at=time.time(), tick_at=time.monotonic(), node=cfg.node.name,
                     pools=tuple(pools), controllers=tuple(controllers), drives=found_drives,
                     last_apply=last_apply, config_error=config_error,
-                    counters=counters or LoopCounters())
+                    counters=counters or LoopCounters(), facts=facts)
 
 
 def last_apply_summary(cfg: Config) -> ApplySummary | None:
@@ -182,26 +209,42 @@ def _connected_hosts(nqn: str) -> int | None:
     return sum(1 for p in d.iterdir() if p.name.startswith("ctrl"))
 
 
-def _target_pools(cfg: Config, fs: nvmet.ConfigFS | None) -> list[PoolHealth]:
+def _target_pools(cfg: Config, fs: nvmet.ConfigFS | None,
+                  ) -> tuple[tuple[PoolHealth, ...], dict[PoolKey, frozenset[Fact]]]:
+    """Each target pool's health and drift facts (none where nvmet or the records could
+    not be read: unknown is not drift)."""
     assert cfg.target is not None
     try:
         records = TargetRecords.load(cfg.node.state_dir)
     except KvagentError as exc:
-        return [PoolHealth("target", p.name, "failed", False, (f"records: {exc.message}",))
-                for p in cfg.target.pools]
+        return tuple(PoolHealth("target", p.name, "failed", False,
+                                (f"records: {exc.message}",)) for p in cfg.target.pools), {}
+    auth = wants_auth(cfg)
     try:
-        live = nvmet.read(fs if fs is not None else nvmet_fs(cfg), spec=HEALTH_SPEC)
+        live = nvmet.read(fs if fs is not None else nvmet_fs(cfg), spec=target_spec(auth))
     except NvmetError as exc:
-        return [PoolHealth("target", p.name, "failed", False, (f"nvmet: {exc.message}",))
-                for p in cfg.target.pools]
-    return [_target_pool(cfg, p, live, records) for p in cfg.target.pools]
+        return tuple(PoolHealth("target", p.name, "failed", False,
+                                (f"nvmet: {exc.message}",)) for p in cfg.target.pools), {}
+    healths, facts = [], {}
+    for pool in cfg.target.pools:
+        layout = pool_layout(cfg, pool, records)
+        healths.append(_target_pool(cfg, pool, live, records, layout))
+        facts[("target", pool.name)] = target_facts(
+            live, layout, _port_ids(cfg, pool),
+            [h.nqn for h in pool.hosts if h.auth is not None] if auth else ())
+    return tuple(healths), facts
 
 
-def _target_pool(cfg: Config, pool: TargetPool, live: nvmet.Tree,
-                 records: TargetRecords) -> PoolHealth:
-    layout = pool_layout(cfg, pool, records)
+def _port_ids(cfg: Config, pool: TargetPool) -> list[int]:
+    return [p.id for p in cfg.target.ports if p.name in pool.ports] if cfg.target else []
+
+
+def _target_pool(cfg: Config, pool: TargetPool, live: nvmet.Tree, records: TargetRecords,
+                 layout: Mapping[str, Iterable[int]] | None = None) -> PoolHealth:
+    """``layout``: the pool's :func:`pool_layout` (worked out here when not given)."""
+    layout = pool_layout(cfg, pool, records) if layout is None else layout
     nqns = list(layout)
-    port_ids = [p.id for p in cfg.target.ports if p.name in pool.ports] if cfg.target else []
+    port_ids = _port_ids(cfg, pool)
     present = [live.subsystems[n] for n in nqns if n in live.subsystems]
     expected = [(n, nsid) for n, nsids in layout.items() for nsid in nsids]
     namespaces = [live.subsystems[n].namespaces[nsid] for n, nsid in expected
@@ -312,7 +355,8 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
         table = _mount_table()
     entries = {m: table.get(os.path.normpath(m)) for m in mounts}
     mounted = [m for m in mounts if entries[m] is not None]
-    dead = _shut_down(mounted, shut_down)
+    orphaned = [m for m in mounted if device_gone(entries[m].device, cfg.node.sysfs)]
+    dead = [*orphaned, *_shut_down([m for m in mounted if m not in orphaned], shut_down)]
     size = free = 0
     for m in mounted:
         try:
@@ -344,10 +388,14 @@ def _initiator_pool(cfg: Config, pool: InitiatorPool, record: PoolAttachment | N
         problems.append(f"{len(devices) - found} of {len(devices)} namespaces missing")
     if len(mounted) < len(mounts):
         problems.append(f"not mounted: {', '.join(sorted(set(mounts) - set(mounted)))}")
-    if dead:
+    if orphaned:
+        problems.append(f"filesystem on a namespace that went away while it was mounted: "
+                        f"{', '.join(orphaned)}; kvagent mounts the namespace again once it "
+                        "is back and nothing holds the mount")
+    if len(dead) > len(orphaned):
         problems.append(f"filesystem shut down after I/O errors (a storage outage): "
-                        f"{', '.join(dead)}; kvagent mounts it again once a controller of "
-                        "the pool is live and nothing holds it")
+                        f"{', '.join(dead[len(orphaned):])}; kvagent mounts it again once "
+                        "a controller of the pool is live and nothing holds it")
     problems += engine_problems
     probe = topo.probes.get(pool.name)
     if probe and not probe["odirect"]:

@@ -179,6 +179,16 @@ def loop_families(f: _Families, snapshot: Snapshot | None) -> None:
             "agent acted on.", {}, s.counters.device_events)
     f.count("kvagent_device_event_batches", "Batches of udev events (each one collect and, "
             "with initiator pools, one attach pass).", {}, s.counters.device_batches)
+    drift = f.counter("kvagent_drift_detected", "Changes to kvagent's own objects made "
+                      "behind its back that a collect saw (agent.health.drift), by role and "
+                      "kind.", ["role", "kind"])
+    for role, kind, n in s.counters.drift_detected:
+        drift.add_metric([role, kind], float(n))
+    f.count("kvagent_drift_heals", "Targeted passes run to heal drift.", {},
+            s.counters.drift_heals)
+    f.set("kvagent_drift_fights", "Objects of kvagent's that another writer keeps changing "
+          "(healed 3 times lately): named in kvagent status.", {},
+          sum(1 for d in s.drift if d.fighting))
     f.count("kvagent_config_reload_failures",
             "Config reloads refused (invalid new config; the old one keeps running).",
             {}, s.counters.config_reload_failures)

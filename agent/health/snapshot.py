@@ -7,8 +7,9 @@ snapshot, so a scrape never runs a command.
 
 Overall health: a pool is ``ok``, ``degraded`` or ``failed``; the host is
 healthy when every pool is ``ok``, every drive is without problems, the last
-apply succeeded, no config reload was refused and the apply lock is not stuck
-(see :func:`overall_state` and :class:`ApplyBusy`).
+apply succeeded, no config reload was refused, the apply lock is not stuck and no
+drifted object is fought over (see :func:`overall_state`, :class:`ApplyBusy` and
+:class:`DriftSubject`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ POOL_STATES: tuple[PoolState, ...] = ("ok", "degraded", "failed")
 #: lock, the host is degraded and /readyz fails (one or two are an operator's apply).
 BUSY_PASSES_DEGRADED = 3
 _SEVERITY = {"ok": 0, "degraded": 1, "failed": 2}
+#: Heals of the same drifted subject within ``health.full_interval`` that make it a
+#: fight with another writer (:mod:`agent.health.drift`): named in status, the host
+#: degraded while it lasts.
+FIGHT_HEALS = 3
 
 
 #: Usage sources: the engine directories' xfs project quotas (exact, O(1)), or a bounded
@@ -266,6 +271,42 @@ class LoopCounters:
     #: udev events kvagent acted on (agent.events), and the batches they came in.
     device_events: int = 0
     device_batches: int = 0
+    #: Drift kvagent saw by (role, kind) (agent.health.drift), and the targeted passes
+    #: that healed it.
+    drift_detected: tuple[tuple[str, str, int], ...] = ()
+    drift_heals: int = 0
+
+
+@dataclass(frozen=True)
+class DriftSubject:
+    """A subject that drifted lately: how often it was seen drifting and healed, and when
+    kvagent may heal it next (``backoff_until``, monotonic; None: at once)."""
+
+    role: str
+    pool: str
+    kind: str
+    subject: str
+    detected: int = 0
+    heals: int = 0
+    first_at: float = 0.0  # wall clock of its first drift
+    last_at: float = 0.0  # wall clock of its last drift
+    pending: bool = False  # drifted and not healed yet
+    last_heal: float | None = None  # monotonic
+    backoff_until: float | None = None  # monotonic
+
+    @property
+    def fighting(self) -> bool:
+        """Healed :data:`FIGHT_HEALS` times lately: another writer keeps changing it."""
+        return self.heals >= FIGHT_HEALS
+
+    def describe(self) -> str:
+        return f"{self.role} pool {self.pool}: {self.kind} {self.subject}"
+
+    def problem(self) -> str:
+        """One line for a fight: what keeps changing, how often kvagent healed it."""
+        return (f"drift: {self.describe()} keeps changing behind kvagent's back (healed "
+                f"{self.heals} times since its first drift; another tool writes it? "
+                "kvagent heals it again after a back-off)")
 
 
 @dataclass(frozen=True)
@@ -320,6 +361,12 @@ class Snapshot:
     #: None: at ``taken_at`` / ``tick_at``.
     collected_at: float | None = None
     collected_tick: float | None = None
+    #: The subjects that drifted lately (agent.health.drift), fights first.
+    drift: tuple[DriftSubject, ...] = ()
+    #: What the collect saw of kvagent's own objects, per (role, pool): the drift
+    #: tracker's input (agent.health.drift); not part of any output.
+    facts: Mapping[tuple[str, str], frozenset[tuple[str, str, str]]] = field(
+        default_factory=dict, compare=False, repr=False)
 
     def ticked(self, *, taken_at: float, tick_at: float) -> Snapshot:
         """The same snapshot re-stamped by a loop tick that collected nothing new."""
@@ -349,8 +396,9 @@ def overall_state(snapshot: Snapshot) -> PoolState:
     """``ok``, ``degraded`` or ``failed`` for the whole host.
 
     The worst pool state wins; a drive with problems, a failed last apply, a
-    refused config reload, a health endpoint that cannot listen or a stuck apply lock make
-    an otherwise ``ok`` host ``degraded``.
+    refused config reload, a health endpoint that cannot listen, a stuck apply lock or a
+    fight over a drifted object (:data:`FIGHT_HEALS`) make an otherwise ``ok`` host
+    ``degraded``.
     """
     worst = max((_SEVERITY[p.state] for p in snapshot.pools), default=0)
     if worst == 0 and (
@@ -359,6 +407,7 @@ def overall_state(snapshot: Snapshot) -> PoolState:
         or snapshot.config_error is not None
         or snapshot.health_error is not None
         or (snapshot.apply_busy is not None and snapshot.apply_busy.stuck)
+        or any(d.fighting for d in snapshot.drift)
     ):
         worst = 1
     return POOL_STATES[worst]
@@ -387,6 +436,7 @@ def host_problems(snapshot: Snapshot) -> tuple[str, ...]:
                      for role, pool, message in apply.errors if (role, pool) not in listed)
     if snapshot.apply_busy is not None and snapshot.apply_busy.stuck:
         lines.append(snapshot.apply_busy.problem())
+    lines.extend(d.problem() for d in snapshot.drift if d.fighting)
     for pool in snapshot.pools:
         lines.extend(f"{pool.role} pool {pool.name}: {p}" for p in pool.problems)
         if pool.state != "ok" and not pool.problems:

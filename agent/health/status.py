@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # (rendering a document the agent sent needs none of them)
     from .snapshot import (
         ApplyBusy,
         ControllerHealth,
+        DriftSubject,
         DriveHealth,
         EngineUsage,
         PoolHealth,
@@ -117,6 +118,12 @@ def _busy_json(busy: ApplyBusy | None) -> dict[str, Any] | None:
             "holder": None if busy.holder is None else busy.holder.to_json()}
 
 
+def _drift_json(d: DriftSubject) -> dict[str, Any]:
+    return {"role": d.role, "pool": d.pool, "kind": d.kind, "subject": d.subject,
+            "detected": d.detected, "heals": d.heals, "fighting": d.fighting,
+            "pending": d.pending, "first_at": _iso(d.first_at), "last_at": _iso(d.last_at)}
+
+
 def to_status_json(snapshot: Snapshot, *, source: Source = "live", pid: int | None = None,
                    age_seconds: float = 0.0) -> dict[str, Any]:
     """The snapshot as plain JSON values, in the shape the status schema describes.
@@ -144,6 +151,7 @@ def to_status_json(snapshot: Snapshot, *, source: Source = "live", pid: int | No
             "unexpected_errors": apply.unexpected,
         },
         "apply_busy": _busy_json(snapshot.apply_busy),
+        "drift": [_drift_json(d) for d in snapshot.drift],
         "pools": [_pool_json(p, snapshot) for p in snapshot.pools],
         "controllers": [_controller_json(c) for c in snapshot.controllers],
         "drives": [_drive_json(d) for d in snapshot.drives],
@@ -155,6 +163,7 @@ def to_status_json(snapshot: Snapshot, *, source: Source = "live", pid: int | No
             "apply_busy": snapshot.counters.apply_busy,
             "apply_busy_passes": snapshot.counters.apply_busy_passes,
             "unexpected_errors": snapshot.counters.unexpected_errors,
+            "drift_heals": snapshot.counters.drift_heals,
         },
     }
 
@@ -281,6 +290,11 @@ def render_status_doc(doc: Doc) -> str:
         skipped = (f", {busy['passes']} pass(es) in a row skipped since {busy['since']}"
                    if busy["passes"] and busy["since"] is not None else "")
         out.append(f"apply lock: held by {holder}{skipped}")
+    for d in doc.get("drift") or ():
+        state = "FOUGHT OVER" if d["fighting"] else ("healing" if d["pending"] else "healed")
+        out.append(f"drift: {d['role']} pool {d['pool']}: {d['kind']} {d['subject']} changed "
+                   f"behind kvagent's back {d['detected']}x since {d['first_at']}, "
+                   f"healed {d['heals']}x ({state})")
     problems = doc["problems"]
     if problems:
         out += ["", "problems:", *(f"  - {p}" for p in problems)]

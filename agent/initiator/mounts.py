@@ -35,6 +35,14 @@ def device_number(device: str) -> str:
     return f"{os.major(rdev)}:{os.minor(rdev)}"
 
 
+def device_gone(devnum: str, sysfs: str = "/sys") -> bool:
+    """Whether no block device has ``major:minor`` now: a filesystem still mounted from it
+    is orphaned (its namespace went away while it was mounted: disabled on the storage
+    host, its last controller disconnected), and every call on it fails once it does
+    I/O."""
+    return not os.path.exists(os.path.join(sysfs, "dev", "block", devnum))
+
+
 def missing_dirs(path: str) -> list[str]:
     """The directories :func:`create_mount_point` would make for ``path`` (top first)."""
     return effects.missing_dirs(path)

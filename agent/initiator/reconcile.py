@@ -86,8 +86,12 @@ class InitiatorPass:
 
     def __init__(self, cfg: Config, runner: Runner, result: RunResult, *,
                  dry_run: bool = False, sysfs: Sysfs | None = None,
-                 cli: NvmeCli | None = None, seams: HostSeams | None = None):
+                 cli: NvmeCli | None = None, seams: HostSeams | None = None,
+                 rediscover: bool = True):
         self.cfg, self.result, self.dry_run = cfg, result, dry_run
+        #: False: a pool whose record is complete takes the subsystems it found as its
+        #: discovery (an attach pass for events that bring no new subsystem).
+        self.rediscover = rediscover
         self.ctx = StageContext(cfg, runner, result, dry_run, sysfs or Sysfs(cfg.node.sysfs),
                                 cli or NvmeCli(runner), seams or HostSeams())
         self.state_dir = Path(cfg.node.state_dir)
@@ -211,7 +215,9 @@ class InitiatorPass:
         """Attach ``pool``: the stages, in order. Its record (put in ``box``) is filled as
         things are done and kept even on failure."""
         ctx = self.ctx
-        paths = pool_paths(ctx, pool, hostnqn, hostid)
+        known = None if self.rediscover or old is None or not old.complete \
+            else old.subsystems
+        paths = pool_paths(ctx, pool, hostnqn, hostid, known)
         if paths is None:
             return None  # planning: discovery is not possible now
         record = PoolAttachment(hostnqn, pool.layout, pool.shared,

@@ -1,12 +1,18 @@
 """The mount table (/proc/self/mountinfo), read by both roles.
 
 Every function takes the mount table as a parameter, so tests can give a file of
-their own.
+their own. The kernel's own table is parsed once per change (:class:`KernelMountTable`):
+a pass looks at it once per mount and per engine, and with many mounts (a pool of many
+namespaces, a host running containers) reading and parsing it again each time was most
+of a namespace's mount and hand-off under TCG.
 """
 
 from __future__ import annotations
 
 import os
+import select
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,10 +36,10 @@ def _unescape(text: str) -> str:
             .replace("\\134", "\\"))
 
 
-def read_mounts(mountinfo: Path = MOUNTINFO) -> list[MountEntry]:
+def parse_mountinfo(text: str) -> list[MountEntry]:
     """Parse mountinfo (fields after ' - ' are fstype, source, super options)."""
     entries = []
-    for line in mountinfo.read_text().splitlines():
+    for line in text.splitlines():
         left, _, right = line.partition(" - ")
         fields, tail = left.split(), right.split()
         if len(fields) < 6 or len(tail) < 2:
@@ -41,6 +47,61 @@ def read_mounts(mountinfo: Path = MOUNTINFO) -> list[MountEntry]:
         entries.append(MountEntry(_unescape(fields[4]), fields[2], tail[0], _unescape(tail[1]),
                                   fields[5], tail[2] if len(tail) > 2 else ""))
     return entries
+
+
+class KernelMountTable:
+    """This process's mount table, read and parsed again only when it changed.
+
+    The kernel marks an open ``/proc/self/mountinfo`` for ``poll`` (``POLLPRI``) whenever
+    a mount or unmount changed the table since the descriptor last saw it (proc(5)); the
+    check consumes the mark, so each read first polls, then reads: a change during the
+    read is seen at the next one. ``open_`` and ``poller`` are seams for tests.
+    """
+
+    def __init__(self, path: Path = MOUNTINFO, *,
+                 open_: Callable[[str], int] | None = None,
+                 poller: Callable[[], select.poll] = select.poll):
+        self.path = path
+        self._open = open_ or (lambda p: os.open(p, os.O_RDONLY | os.O_CLOEXEC))
+        self._poller = poller
+        self._fd: int | None = None
+        self._poll: select.poll | None = None
+        self._entries: list[MountEntry] | None = None
+        self._lock = threading.Lock()
+        #: Times the table was read and parsed (tests and benchmarks look).
+        self.reads = 0
+
+    def entries(self) -> list[MountEntry]:
+        """The mount table now."""
+        with self._lock:
+            if self._fd is None:
+                self._fd = self._open(str(self.path))
+                self._poll = self._poller()
+                self._poll.register(self._fd, select.POLLPRI | select.POLLERR)
+            assert self._poll is not None
+            if self._poll.poll(0) or self._entries is None:
+                self._entries = parse_mountinfo(self._read())
+                self.reads += 1
+            return list(self._entries)
+
+    def _read(self) -> str:
+        assert self._fd is not None
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(self._fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks).decode(errors="surrogateescape")
+
+
+#: The kernel's table of this process (the default of every function here).
+KERNEL_TABLE = KernelMountTable()
+
+
+def read_mounts(mountinfo: Path = MOUNTINFO) -> list[MountEntry]:
+    """The mount table: the kernel's (parsed once per change), or a file's (tests)."""
+    if mountinfo == MOUNTINFO:
+        return KERNEL_TABLE.entries()
+    return parse_mountinfo(mountinfo.read_text())
 
 
 def mounted_at(path: str, mountinfo: Path = MOUNTINFO) -> MountEntry | None:

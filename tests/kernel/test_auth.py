@@ -317,3 +317,51 @@ def refused_connect(lab: Lab, nqn: str, secret: str | None, tries: int = 3) -> C
         pytest.fail(f"a connect with {'a wrong secret' if secret else 'no secret'} succeeded")
     raise AssertionError("unreachable")
 
+
+
+def test_a_host_key_changed_behind_the_agents_back_is_healed_by_the_next_collect(
+        lab: Lab) -> None:
+    """Drift (issue 35): a storage-side ``kvagent run`` (collects every 2 s, full passes 10
+    minutes apart) writes the configured DH-HMAC-CHAP key back when one is changed by
+    hand, and counts it as ``host key`` drift."""
+    from .test_daemon import free_port, get
+    from .test_drift import drifted, series
+    from .test_events import gpu_agent
+
+    keys = lab.root / "keys"
+    keys.mkdir(mode=0o700)
+    host_key = str(keys / "host.key")
+    write_secret(host_key, generate())
+    port = free_port()
+    lab.write(f"""
+version: 1
+node: {{name: lab, nqn_prefix: {PREFIX}, state_dir: {lab.state}, run_dir: {lab.root}/run}}
+target:
+  ports: [{{name: p, id: 1, transport: tcp, address: 127.0.0.1, service: 4420}}]
+  pools:
+    - name: sec
+      backing: {{kind: file, directory: {lab.root}/files, buffered_io: true}}
+      namespaces: {{count: 1, size: 64MiB}}
+      ports: [p]
+      hosts: [{{name: lab, nqn: "{lab.hostnqn}", auth: {{key_file: {host_key}}}}}]
+health: {{listen: "127.0.0.1:{port}", interval: 2s, full_interval: 10m}}
+""")
+    attr = NVMET / "hosts" / lab.hostnqn / "dhchap_key"
+    with gpu_agent(lab.config, lab.root / "agent.log") as proc:
+        kit.wait_for(lambda: get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 240,
+                     interval=0.3, what="the agent's first pass")
+        assert kit.read(attr) == read_secret(host_key).text
+        heals = series(port)["kvagent_drift_heals_total"]
+        kit.write(attr, generate().text)
+        t0 = time.monotonic()
+        kit.wait_for(lambda: kit.read(attr) == read_secret(host_key).text, 60, interval=0.05,
+                     what="the configured key written back")
+        took = time.monotonic() - t0
+        kit.wait_for(lambda: drifted(port, "target", "host key") >= 1, 30, interval=0.2,
+                     what="the host key drift counted")
+        assert series(port)["kvagent_drift_heals_total"] > heals
+        assert proc.poll() is None
+    ci_log(f"drift: a host's DH-HMAC-CHAP key changed by hand, written back {took:.1f}s later "
+           "(collects every 2 s)")
+    lab.write_empty(PREFIX)
+    assert_ok(lab.apply())

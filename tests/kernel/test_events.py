@@ -113,6 +113,9 @@ def gpu_agent(config: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
                 proc.wait()
         out.close()
         print(log.read_text()[-6000:])
+        keep = os.environ.get("KVAGENT_VM_OUT")  # whole, beside the group's report
+        if keep:
+            Path(keep, f"{log.parent.name}-{log.name}").write_bytes(log.read_bytes())
 
 
 @pytest.fixture

@@ -161,3 +161,27 @@ def test_rdma_connect_and_find(nullb, rxe) -> None:
         [dev] = wait_for_namespaces(sysfs, MINE, [1], timeout=30)
         assert dev.device == kit.block_by_uuid(namespace_uuid(MINE, 1))
         assert disconnect_controllers(MINE, hostnqn, cli=cli, sysfs=sysfs) == [ctrl.name]
+
+
+def test_the_mount_table_is_read_again_exactly_when_a_mount_changed_it(tmp_path: Path) -> None:
+    """agent.system.mounts parses /proc/self/mountinfo once per change, told by the
+    kernel's poll mark: a mount and an unmount show at the next look, and looks in
+    between read nothing."""
+    from agent.system.mounts import KernelMountTable
+
+    table = KernelMountTable()
+    where = tmp_path / "m"
+    where.mkdir()
+    assert str(where) not in {e.mount_point for e in table.entries()}
+    table.entries()
+    assert table.reads == 1
+    kit.sh("mount", "-t", "tmpfs", "kvtest", str(where))
+    try:
+        assert str(where) in {e.mount_point for e in table.entries()}
+        assert table.reads == 2
+        table.entries()
+        assert table.reads == 2, "no change since: not read again"
+    finally:
+        kit.sh("umount", str(where))
+    assert str(where) not in {e.mount_point for e in table.entries()}
+    assert table.reads == 3

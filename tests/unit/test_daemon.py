@@ -220,3 +220,25 @@ def test_status_from_the_running_agent_and_gzip_metrics(tmp_path: Path) -> None:
     assert not (tmp_path / "run" / STATUS_SOCKET).exists()
     after = CliRunner().invoke(main, ["-c", str(config), "-o", "json", "status"])
     assert json.loads(after.stdout)["collected"]["source"] == "live"
+
+
+def test_local_drives_are_read_at_most_once_an_interval(tmp_path: Path) -> None:
+    """A collect after a pass or on a device event keeps the drives' health read within
+    health.interval (a smart-log command per drive); the periodic collect reads them."""
+    config = tmp_path / "kvagent.yaml"
+    write_config(config, tmp_path, free_port(), interval="30s")
+    ctrl = tmp_path / "sys/class/nvme/nvme0"
+    ctrl.mkdir(parents=True)
+    (ctrl / "transport").write_text("pcie\n")
+    log = (Path(__file__).parent / "health/fixtures/smart/nvme-cli-2.3-qemu.json").read_text()
+    runner = FakeRunner().on(["nvme", "smart-log"], stdout=log)
+    now = [100.0]
+    agent = Agent(str(config), load_config(config), runner=runner,
+                  notifier=Notifier(env={}), clock=lambda: now[0])
+    smart = lambda: len(runner.ran("nvme", "smart-log"))  # noqa: E731
+    assert [d.device for d in agent.collect().drives] == ["/dev/nvme0"] and smart() == 1
+    now[0] += 10
+    assert [d.device for d in agent.collect().drives] == ["/dev/nvme0"] and smart() == 1
+    now[0] += 25
+    agent.collect(fresh=False)
+    assert smart() == 2, "an interval after the last read: read again"

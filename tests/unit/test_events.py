@@ -28,6 +28,7 @@ from tests.unit.test_daemon import free_port, write_config
     ("nvme", "change", "nvme0", {"NVME_AEN": "0x70f002"}, DeviceEvent("aen", "change", "nvme0")),
     ("block", "add", "nvme3n1", {}, DeviceEvent("namespace", "add", "nvme3n1")),
     ("block", "change", "nvme3n1", {}, DeviceEvent("namespace", "change", "nvme3n1")),
+    ("block", "change", "nvme3n1", {"RESIZE": "1"}, DeviceEvent("namespace", "resize", "nvme3n1")),
     ("block", "remove", "nvme3n2", {}, DeviceEvent("namespace", "remove", "nvme3n2")),
     ("block", "add", "loop0", {}, None),
     ("block", "add", "dm-3", {}, None),
@@ -138,8 +139,50 @@ def test_a_storm_makes_one_collect_and_one_attach_pass(tmp_path: Path,
         agent.events.put("stop")
         thread.join(timeout=30)
     assert passes == [None, ("kv", "kv2")]  # the first (full) pass, then one attach pass
+    # Events past BATCH_KEEP are only counted (what they were is not known): one collect
+    # before the pass, in case something went away.
     assert len(collects) == 1
     assert (agent.counters.device_events, agent.counters.device_batches) == (256, 1)
+
+
+@pytest.mark.parametrize(("events", "collects_first"), [
+    ([DeviceEvent("namespace", "add", "nvme1n3")], False),
+    ([DeviceEvent("namespace", "add", "nvme1n3"), DeviceEvent("namespace", "remove",
+                                                             "nvme1n2")], True),
+    ([DeviceEvent("aen", "change", "nvme3"),
+      DeviceEvent("controller", "state connecting", "nvme1")], True),
+])
+def test_an_attach_pass_collects_after_not_before_unless_something_went(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, events: list[DeviceEvent],
+        collects_first: bool) -> None:
+    """A namespace added: the attach pass runs at once (its own collect afterwards shows
+    it); a collect before it only when something went away, which must show now."""
+    config = gpu_config(tmp_path)
+    agent = Agent(str(config), load_config(config), runner=FakeRunner(),
+                  notifier=Notifier(env={}))
+    order: list[str] = []
+    done = threading.Event()
+
+    def reconcile(**kw):  # type: ignore[no-untyped-def]
+        order.append("pass" if kw.get("attach_only") else "first pass")
+        if kw.get("attach_only"):
+            done.set()
+        return RunResult(dry_run=False)
+
+    real_collect = agent.collect
+    monkeypatch.setattr(agent, "reconcile", reconcile)
+    monkeypatch.setattr(agent, "collect", lambda **kw: (order.append("collect"),
+                                                        real_collect(**kw))[1])
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        for event in events:
+            agent.events.put(event)
+        assert done.wait(30)
+    finally:
+        agent.events.put("stop")
+        thread.join(timeout=30)
+    assert order == ["first pass", *(["collect"] if collects_first else []), "pass"]
 
 
 def test_device_events_without_initiator_pools_only_collect(
@@ -297,7 +340,9 @@ def test_a_name_taken_by_a_new_controller_is_looked_at_again(tmp_path: Path,
 
 @pytest.mark.parametrize(("events", "dropped", "expected"), [
     ([DeviceEvent("namespace", "add", "nvme0n2")], 0, True),
-    ([DeviceEvent("namespace", "change", "nvme0n1")], 0, True),
+    ([DeviceEvent("namespace", "resize", "nvme0n1")], 0, True),
+    # udev's own change after a program wrote the device (kvagent's mkfs): no new pass
+    ([DeviceEvent("namespace", "change", "nvme0n1")], 0, False),
     ([DeviceEvent("aen", "change", "nvme0")], 0, True),
     # A controller's own add/change/remove: every nvme discover makes and removes one
     # (a pass per discovery would start the next for ever, as seen on the real kernel).
@@ -427,3 +472,19 @@ def test_the_periodic_collect_reads_no_topology_between_events(tmp_path: Path,
     loop.collect(fresh=False)
     assert reads == [1000.0, 1270.0, 1570.0]
     assert loop.store.get() is not None
+
+
+@pytest.mark.parametrize(("events", "dropped", "expected"), [
+    ([DeviceEvent("namespace", "add", "nvme1n3")], 0, False),
+    ([DeviceEvent("controller", "state live", "nvme1")], 0, False),
+    ([DeviceEvent("aen", "change", "nvme3"), DeviceEvent("namespace", "add", "nvme1n3")], 0,
+     True),
+    ([DeviceEvent("namespace", "add", "nvme1n3")], 3, True),
+])
+def test_only_an_aen_can_bring_new_subsystems(events: list[DeviceEvent], dropped: int,
+                                              expected: bool) -> None:
+    """A discovery log change comes as an AEN: only then (or with events not kept) does
+    the attach pass ask the storage hosts again which subsystems a pool has."""
+    from agent.events import Batch
+
+    assert Batch(events, dropped).rediscover is expected

@@ -1,12 +1,15 @@
 """Stage 1, discover: which subsystems a pool has, each at the target it is reached at.
 
-A target given with ``subsystem`` is taken as configured (no command); any other is
-asked with ``nvme discover`` (over TLS for a pool with ``tls``: its PSK goes into the
-keyring first). The discovery log lists only what the storage host lets this host NQN
-use, so a per-host subsystem there is this host's whatever name it carries: one named
-for another host than ``node.name`` is attached with a warning. A shared subsystem is
-refused unless the pool is ``shared`` (two hosts mounting one xfs destroy it). Planning
-(dry run) a pool whose target cannot be asked yet reports the connect as planned.
+A target given with ``subsystem`` is taken as configured (no command); so are, in an
+attach pass for events that cannot have brought a new subsystem (``known``: a namespace
+added or resized, a controller live again), the subsystems a complete record found at
+that target; any other is asked with ``nvme discover`` (over TLS for a pool with
+``tls``: its PSK goes into the keyring first). The discovery log lists only what the
+storage host lets this host NQN use, so a per-host subsystem there is this host's
+whatever name it carries: one named for another host than ``node.name`` is attached with
+a warning. A shared subsystem is refused unless the pool is ``shared`` (two hosts
+mounting one xfs destroy it). Planning (dry run) a pool whose target cannot be asked yet
+reports the connect as planned.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ _WARNED: set[str] = set()
 
 
 def pool_paths(ctx: StageContext, pool: InitiatorPool, hostnqn: str,
-               hostid: str | None) -> list[SubsystemPath] | None:
+               hostid: str | None, known: list[SubsystemPath] | None = None,
+               ) -> list[SubsystemPath] | None:
     """The pool's subsystems, each at its target (None: planning, and discovery is not
-    possible now; the planned connect is reported)."""
+    possible now; the planned connect is reported). ``known``: subsystems recorded at
+    these targets that stand for a discovery (none asked where one is recorded)."""
     try:
-        paths = _discover(ctx, pool, hostnqn, hostid)
+        paths = _discover(ctx, pool, hostnqn, hostid, known or [])
     except KvagentError as exc:
         if not ctx.dry_run:
             raise
@@ -51,13 +56,17 @@ def pool_paths(ctx: StageContext, pool: InitiatorPool, hostnqn: str,
 
 
 def _discover(ctx: StageContext, pool: InitiatorPool, hostnqn: str,
-              hostid: str | None) -> list[SubsystemPath]:
+              hostid: str | None, known: list[SubsystemPath]) -> list[SubsystemPath]:
     """The pool's subsystems, each at the target it was configured or discovered at."""
     found: list[SubsystemPath] = []
     for t in pool.targets:
         address = FabricsAddress.from_config(t)
         if t.subsystem:
             found.append(SubsystemPath(t.subsystem, address))
+            continue
+        recorded = [s for s in known if s.address == address]
+        if recorded:
+            found += recorded
             continue
         if pool.tls is not None:
             ensure_psk(ctx, pool, hostnqn, DISCOVERY_NQN)

@@ -2,10 +2,12 @@
 
 The directories a mount needs are recorded (``PoolAttachment.created_dirs``) before
 they are made; the mount has project quotas (the engines' hard caps). A pool already
-mounted is looked at instead: an xfs that shut down in an outage is unmounted (never
-lazily) and mounted again (log recovery, counted in ``PoolAttachment.recoveries``), one
-mounted without project quotas (by an older kvagent) is mounted again with them while
-nothing holds it, and one whose namespace grew is grown (:mod:`agent.initiator.xfsmount`).
+mounted is looked at instead: an xfs that shut down in an outage, or one orphaned (still
+mounted from a block device that is gone: its namespace went away while it was mounted,
+and came back as a new device), is unmounted (never lazily) and mounted again (log
+recovery, counted in ``PoolAttachment.recoveries``), one mounted without project quotas
+(by an older kvagent) is mounted again with them while nothing holds it, and one whose
+namespace grew is grown (:mod:`agent.initiator.xfsmount`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..mounts import (
     QUOTACHECK_TIMEOUT,
     MountBusy,
     create_mount_point,
+    device_gone,
     ensure_mounted,
     missing_dirs,
     mounted_at,
@@ -34,6 +37,15 @@ def mount_volume(ctx: StageContext, pool: InitiatorPool, v: Volume,
                  record: PoolAttachment) -> None:
     """``v`` mounted on its directory (made and recorded when missing); a mounted one
     recovered or grown where needed (:func:`_mounted`)."""
+    current = mounted_at(v.mount, ctx.seams.mountinfo)
+    if current is not None and device_gone(current.device, ctx.cfg.node.sysfs):
+        # Orphaned: the mount's own directory, recorded by this pool, on a device that is
+        # gone; the namespace is back as v.device.
+        _recover(ctx, pool, v.device, v.mount, record,
+                 why=f"lost its device ({current.source}, {current.device}): the "
+                     "namespace went away while it was mounted")
+        if ctx.dry_run:
+            return
     if ctx.dry_run:
         if mounted_at(v.mount, ctx.seams.mountinfo) is None:
             ctx.act(pool.name, "mount", v.mount, v.device)
@@ -103,11 +115,13 @@ def _mounted(ctx: StageContext, pool: InitiatorPool, device: str, mount: str,
 
 
 def _recover(ctx: StageContext, pool: InitiatorPool, device: str, mount: str,
-             record: PoolAttachment) -> None:
-    """Unmount (never lazily) and mount again an xfs that shut down: its log is
-    replayed, the engines' directories and data fsynced before the outage are back."""
-    log.warning("filesystem shut down after I/O errors; mounting it again", pool=pool.name,
-                mount=mount, device=device)
+             record: PoolAttachment, *,
+             why: str = "shut down after I/O errors (a storage outage)") -> None:
+    """Unmount (never lazily) and mount ``device`` again on an xfs that shut down or was
+    orphaned (``why``): its log is replayed, the engines' directories and data fsynced
+    before the outage are back."""
+    log.warning("pool filesystem lost its storage; mounting it again", pool=pool.name,
+                mount=mount, device=device, why=why)
     if ctx.dry_run:
         ctx.act(pool.name, "xfs.recover", mount, f"{device}: unmount, mount (log "
                 "recovery)")
@@ -118,8 +132,7 @@ def _recover(ctx: StageContext, pool: InitiatorPool, device: str, mount: str,
         users = ctx.seams.users(mount)
         who = ", ".join(u.describe() for u in users) or "a process kvagent cannot see"
         raise KvagentError(
-            f"the xfs on {mount} shut down after I/O errors (a storage outage) and cannot "
-            f"be mounted again while it is in use: {who}",
+            f"the xfs on {mount} {why} and cannot be mounted again while it is in use: {who}",
             "every call on it fails with EIO until then; stop or restart what uses it "
             "(the engine recomputes meanwhile); kvagent mounts it again at its next pass, "
             "never lazily") from None

@@ -17,7 +17,7 @@ from agent.system.probes import (
 def probe(path: str, *, odirect: bool = True, fallocate: bool = True,
           fallocate_errno: int | None = errno.EOPNOTSUPP) -> ProbeResult:
     """A ProbeResult for ``path`` with the given verdicts (what probe_mount would record)."""
-    od = (ODirectResult(True, 4 << 20, 4096, None, "0" * 64) if odirect else
+    od = (ODirectResult(True, 4 << 20, 4096, None) if odirect else
           ODirectResult(False, 4 << 20, 4096,
                         StepFailure("open", errno.EINVAL, "EINVAL: Invalid argument")))
     if fallocate:

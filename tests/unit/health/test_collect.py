@@ -46,9 +46,10 @@ def test_exported_pool_is_ok(tmp_path: Path) -> None:
     cfg, fs = applied(tmp_path)
     fs.files_read.clear()
     snap = collect(cfg, FakeRunner(), fs=fs, drives=False)
-    # Every collect reads nvmet: only the namespaces' enable (names and links are listings).
-    assert {p.rsplit("/", 1)[1] for p in fs.files_read} == {"enable"}
-    assert len(fs.files_read) == 2 and max(fs.files_read.values()) == 1
+    # Every collect reads nvmet: only the namespaces' enable and the subsystems'
+    # attr_allow_any_host (names and links are listings; agent.health.drift).
+    assert {p.rsplit("/", 1)[1] for p in fs.files_read} == {"enable", "attr_allow_any_host"}
+    assert len(fs.files_read) == 3 and max(fs.files_read.values()) == 1
     (pool,) = snap.pools
     assert (pool.state, pool.ready, pool.problems) == ("ok", True, ())
     t = pool.target
@@ -137,6 +138,8 @@ def test_a_shut_down_xfs_is_a_problem_and_recoveries_come_from_the_records(
     mountinfo = tmp_path / "mountinfo"
     mountinfo.write_text("".join(f"9{i} 1 259:{i} / {m} rw - xfs /dev/nvme2n{i} rw,prjquota\n"
                                  for i, m in enumerate(mounts, 1)))
+    for i in (1, 2):  # the namespaces' block devices
+        (tmp_path / "sys/dev/block" / f"259:{i}").mkdir(parents=True)
     dead: set[str] = set()
 
     def snap():
@@ -158,3 +161,14 @@ def test_a_shut_down_xfs_is_a_problem_and_recoveries_come_from_the_records(
     dead.add(mounts[1])
     (pool,) = snap().pools
     assert pool.state == "failed", "every mount of the pool is unusable"
+    dead.clear()
+    # A mount whose block device is gone (the namespace went away while it was mounted):
+    # unusable, said so, and no longer a mount of the pool for drift.
+    (tmp_path / "sys/dev/block/259:2").rmdir()
+    s = snap()
+    (pool,) = s.pools
+    assert pool.state == "degraded" and pool.initiator.mounts_shut_down == (mounts[1],)
+    [problem] = pool.problems
+    assert problem.startswith("filesystem on a namespace that went away while it was "
+                              f"mounted: {mounts[1]}")
+    assert {s for k, s, _v in s.facts[("initiator", "kv")] if k == "mount"} == {mounts[0]}

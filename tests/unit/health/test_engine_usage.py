@@ -60,6 +60,8 @@ class Gpu:
         self.mountinfo.write_text("".join(
             f"9{i} 21 259:{i} / {m} rw,noatime - xfs /dev/nvme1n{i} "
             f"rw,attr2,inode64{quota_option}\n" for i, m in enumerate(self.mounts, 1)))
+        for i in range(1, len(self.mounts) + 1):  # the namespaces' block devices
+            (root / "sys/dev/block" / f"259:{i}").mkdir(parents=True)
         self.quota = FakeQuota()
 
     def apply_caps(self, size: int = 1000 * MIB) -> None:

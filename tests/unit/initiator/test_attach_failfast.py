@@ -185,6 +185,35 @@ def test_a_held_shut_down_xfs_is_reported_with_who_holds_it_and_retried(
         mount]
 
 
+def test_an_orphaned_xfs_is_mounted_again_from_the_namespaces_new_device(
+        host: FakeHost) -> None:
+    """Drift (issue 35): the namespace went away while mounted (disabled on the storage
+    host, or its last controller disconnected) and came back as a new block device; the
+    xfs is still mounted from the old one, which is gone. Seen on the real kernel
+    (tests/kernel/test_drift.py): every pass failed with "already has ... mounted"."""
+    pools = pool_yaml(host, subsystem=NQN)
+    assert run(host, pools).ok
+    mount = ns_mounts(host)[1]
+    old = host.numbers["/dev/nvme2n2"]
+    (host.root / "sys/dev/block" / old).unlink()  # the old head is gone...
+    new = "259:99"  # ...and the namespace is back under a new device number
+    host.numbers["/dev/nvme2n2"] = new
+    (host.root / "sys/dev/block" / new).symlink_to(host.root / "sys/block/nvme2n2")
+    calls = len(host.runner.calls)
+    plan = run(host, pools, dry_run=True)
+    assert [(a.kind, a.subject) for a in plan.actions if a.status == "planned"] == [
+        ("xfs.recover", mount)]
+    result = run(host, pools)
+    assert result.ok, result.errors
+    ran = [c[0] for c in host.runner.calls[calls:]]
+    assert ran[-2:] == ["umount", "mount"] and "mkfs.xfs" not in ran, ran
+    assert all("-l" not in c for c in host.runner.ran("umount")), "never lazily"
+    [act] = [a for a in result.actions if a.kind == "xfs.recover"]
+    assert act.subject == mount and "/dev/nvme2n2" in act.detail
+    assert [(r.mount, r.count) for r in state(host)["kv"].recoveries] == [(mount, 1)]
+    assert run(host, pools).changed is False
+
+
 def test_no_recovery_while_no_controller_is_live(host: FakeHost) -> None:
     """Unmounting needs the storage: while the kernel reconnects, nothing is touched."""
     pools = pool_yaml(host, subsystem=NQN)

@@ -56,13 +56,14 @@ def pool_yaml(host: FakeHost, *, name: str = "kv", layout: str = "per-namespace"
 """
 
 
-def run(host: FakeHost, pools: str = "", *, dry_run: bool = False) -> RunResult:
+def run(host: FakeHost, pools: str = "", *, dry_run: bool = False,
+        rediscover: bool = True) -> RunResult:
     body = f"initiator:\n  device_wait: 5s\n  pools:\n{pools}" if pools else ""
     cfg = host.config(body)
     result = RunResult(dry_run=dry_run)
     # What agent.reconcile.run_pass does around the initiator: the engines' hand-off.
     initiator = InitiatorPass(cfg, host.runner, result, dry_run=dry_run, sysfs=host.sysfs,
-                              cli=host.cli, seams=host.seams())
+                              cli=host.cli, seams=host.seams(), rediscover=rediscover)
     for name in initiator.detach_removed():
         forget(cfg, name, result, dry_run=dry_run)
     for m in initiator.attach_configured():
@@ -607,3 +608,19 @@ def test_a_namespace_added_is_probed_alone(host: FakeHost) -> None:
     assert [Path(p).name for p in host.probed] == ["store1-ns3"]
     host.probed.clear()
     assert run(host, pool_yaml(host)).ok and host.probed == []  # converged: none
+
+
+def test_an_attach_pass_for_a_namespace_added_asks_no_discovery(host: FakeHost) -> None:
+    """Without ``rediscover`` (the agent's attach pass for events that bring no new
+    subsystem: a namespace added, a controller back) a pool attached in full takes the
+    subsystems its record found at each target: no ``nvme discover`` (a command, and the
+    storage host asked, per pool per event). A pool not attached in full yet, or any
+    pass that rediscovers, asks."""
+    assert run(host, pool_yaml(host), rediscover=False).ok
+    assert len(discovers(host)) == 1, "nothing recorded yet: discovered"
+    host.runner.calls.clear()
+    host.add_namespaces(NQN, 3)
+    result = run(host, pool_yaml(host), rediscover=False)
+    assert result.ok and discovers(host) == []
+    assert "store1-ns3" in {Path(m).name for m in host.mounts()}
+    assert run(host, pool_yaml(host)).ok and len(discovers(host)) == 1

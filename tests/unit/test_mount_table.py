@@ -1,0 +1,64 @@
+"""The kernel's mount table is parsed once per change (agent.system.mounts.KernelMountTable):
+a pass asks it once per mount and engine, and reading it each time was most of a new
+namespace's mount and hand-off under TCG. The real kernel's poll mark is proven in
+tests/kernel/test_initiator_plumbing.py."""
+
+from __future__ import annotations
+
+import os
+import select
+from pathlib import Path
+
+from agent.system.mounts import KernelMountTable
+
+LINE = "36 35 98:0 / /mnt/{name} rw,noatime - xfs /dev/{name} rw,prjquota\n"
+
+
+class FakePoll:
+    """The kernel's poll of mountinfo: POLLPRI once after each change, then nothing."""
+
+    def __init__(self) -> None:
+        self.marked = False
+        self.fd: int | None = None
+
+    def register(self, fd: int, _mask: int) -> None:
+        self.fd = fd
+
+    def poll(self, _timeout: int) -> list[tuple[int, int]]:
+        if not self.marked:
+            return []
+        self.marked = False
+        return [(self.fd or 0, select.POLLPRI)]
+
+
+def test_the_table_is_read_again_only_after_the_kernel_marks_a_change(tmp_path: Path) -> None:
+    table_file = tmp_path / "mountinfo"
+    table_file.write_text(LINE.format(name="a"))
+    poll = FakePoll()
+    table = KernelMountTable(table_file, poller=lambda: poll)
+    assert [e.mount_point for e in table.entries()] == ["/mnt/a"]
+    table_file.write_text(LINE.format(name="a") + LINE.format(name="b"))
+    assert [e.mount_point for e in table.entries()] == ["/mnt/a"], "no mark: no read"
+    assert table.reads == 1
+    poll.marked = True  # a mount
+    assert [e.mount_point for e in table.entries()] == ["/mnt/a", "/mnt/b"]
+    assert [e.mount_point for e in table.entries()] == ["/mnt/a", "/mnt/b"]
+    assert table.reads == 2
+
+
+def test_entries_are_a_copy_the_caller_may_change(tmp_path: Path) -> None:
+    table_file = tmp_path / "mountinfo"
+    table_file.write_text(LINE.format(name="a"))
+    table = KernelMountTable(table_file, poller=FakePoll)
+    table.entries().clear()
+    assert len(table.entries()) == 1
+
+
+def test_this_processes_own_table_reads_once_until_it_changes() -> None:
+    """The real /proc/self/mountinfo on this machine (nothing is mounted here: the mark
+    itself is proven in the VM)."""
+    table = KernelMountTable()
+    first = table.entries()
+    assert any(e.mount_point == "/" for e in first)
+    assert table.entries() == first and table.reads == 1
+    assert os.path.exists("/proc/self/mountinfo")

@@ -67,6 +67,7 @@ class KernelMountTable:
         self._fd: int | None = None
         self._poll: select.poll | None = None
         self._entries: list[MountEntry] | None = None
+        self._points: dict[str, MountEntry] = {}
         self._lock = threading.Lock()
         #: Times the table was read and parsed (tests and benchmarks look).
         self.reads = 0
@@ -74,15 +75,25 @@ class KernelMountTable:
     def entries(self) -> list[MountEntry]:
         """The mount table now."""
         with self._lock:
-            if self._fd is None:
-                self._fd = self._open(str(self.path))
-                self._poll = self._poller()
-                self._poll.register(self._fd, select.POLLPRI | select.POLLERR)
-            assert self._poll is not None
-            if self._poll.poll(0) or self._entries is None:
-                self._entries = parse_mountinfo(self._read())
-                self.reads += 1
-            return list(self._entries)
+            return list(self._fresh())
+
+    def at(self, path: str) -> MountEntry | None:
+        """The mount whose mount point is exactly ``path`` now (the last one wins)."""
+        with self._lock:
+            self._fresh()
+            return self._points.get(os.path.normpath(path))
+
+    def _fresh(self) -> list[MountEntry]:
+        if self._fd is None:
+            self._fd = self._open(str(self.path))
+            self._poll = self._poller()
+            self._poll.register(self._fd, select.POLLPRI | select.POLLERR)
+        assert self._poll is not None
+        if self._poll.poll(0) or self._entries is None:
+            self._entries = parse_mountinfo(self._read())
+            self._points = {e.mount_point: e for e in self._entries}
+            self.reads += 1
+        return self._entries
 
     def _read(self) -> str:
         assert self._fd is not None
@@ -106,6 +117,8 @@ def read_mounts(mountinfo: Path = MOUNTINFO) -> list[MountEntry]:
 
 def mounted_at(path: str, mountinfo: Path = MOUNTINFO) -> MountEntry | None:
     """The mount whose mount point is exactly ``path`` (the last one wins, as the kernel shows)."""
+    if mountinfo == MOUNTINFO:
+        return KERNEL_TABLE.at(path)
     found = None
     for entry in read_mounts(mountinfo):
         if entry.mount_point == os.path.normpath(path):

@@ -62,3 +62,19 @@ def test_this_processes_own_table_reads_once_until_it_changes() -> None:
     assert any(e.mount_point == "/" for e in first)
     assert table.entries() == first and table.reads == 1
     assert os.path.exists("/proc/self/mountinfo")
+
+
+def test_a_mount_point_is_looked_up_in_the_table_as_last_read(tmp_path: Path) -> None:
+    """``at`` answers from the parsed table (the last mount on a point wins) and reads the
+    table again only after a change, like ``entries``."""
+    table_file = tmp_path / "mountinfo"
+    table_file.write_text(LINE.format(name="a") + LINE.format(name="a").replace("98:0", "98:1"))
+    poll = FakePoll()
+    table = KernelMountTable(table_file, poller=lambda: poll)
+    entry = table.at("/mnt/a/")
+    assert entry is not None and entry.device == "98:1"
+    assert table.at("/mnt/b") is None and table.reads == 1
+    table_file.write_text(LINE.format(name="b"))
+    poll.marked = True
+    assert table.at("/mnt/a") is None and table.at("/mnt/b") is not None
+    assert table.reads == 2

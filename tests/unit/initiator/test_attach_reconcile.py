@@ -624,3 +624,20 @@ def test_an_attach_pass_for_a_namespace_added_asks_no_discovery(host: FakeHost) 
     assert result.ok and discovers(host) == []
     assert "store1-ns3" in {Path(m).name for m in host.mounts()}
     assert run(host, pool_yaml(host)).ok and len(discovers(host)) == 1
+
+
+def test_a_volume_mounted_on_its_directory_is_not_read_again(host: FakeHost,
+                                                             monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A converged pass reads no superblock of a mounted volume (its xfs was found this
+    host's before kvagent mounted it there): an attach pass for a namespace added read
+    every other namespace's first, over the fabric."""
+    assert run(host, pool_yaml(host)).ok
+    reads: list[str] = []
+    real = host.superblocks.get
+    monkeypatch.setattr(host, "superblocks", type("Counting", (dict,), {
+        "get": lambda self, d, default=None: (reads.append(d), real(d, default))[1]})(
+            host.superblocks))
+    host.add_namespaces(NQN, 3)
+    result = run(host, pool_yaml(host))
+    assert result.ok and "mkfs.xfs" in kinds(result)
+    assert reads == ["/dev/nvme2n3"], "only the new namespace's device was read"

@@ -18,8 +18,9 @@ command) and puts a ``controller`` event on a change: a lost controller shows in
 and metrics within a second.
 
 A storm is one batch: :class:`Batcher` waits until the events stop for
-:data:`QUIET` seconds (at most :data:`LONGEST` after the first), so 256 events make
-one collect and one pass. Netlink can drop events (its buffer overflows under a
+:data:`QUIET` seconds (:data:`FIRST_QUIET` after the first: a lone event is acted on at
+once; at most :data:`LONGEST` after the first), so 256 events make one collect and one
+pass. Netlink can drop events (its buffer overflows under a
 storm): the full pass on ``health.full_interval`` bounds what a lost event can hide.
 """
 
@@ -41,6 +42,10 @@ log = get_logger("events")
 
 #: A batch ends once no event came for this long...
 QUIET = 0.2
+#: ...but after its first event only this long: a lone event (a namespace added) is acted
+#: on at once, while the events of a storm follow each other closer than this and keep
+#: the batch open for QUIET each.
+FIRST_QUIET = 0.05
 #: ...or this long after its first event, whatever comes.
 LONGEST = 1.0
 
@@ -166,10 +171,11 @@ class Batcher:
 
     def __init__(self, events: queue.SimpleQueue[Any], *,
                  clock: Callable[[], float] = time.monotonic,
-                 quiet: float = QUIET, longest: float = LONGEST):
+                 quiet: float = QUIET, longest: float = LONGEST,
+                 first_quiet: float = FIRST_QUIET):
         self.events = events
         self.clock = clock
-        self.quiet, self.longest = quiet, longest
+        self.quiet, self.longest, self.first_quiet = quiet, longest, first_quiet
 
     def gather(self, first: DeviceEvent) -> Batch:
         """``first`` and the device events after it until the queue is quiet."""
@@ -177,7 +183,8 @@ class Batcher:
         started = self.clock()
         while True:
             now = self.clock()
-            wait = min(self.quiet, started + self.longest - now)
+            quiet = self.first_quiet if batch.count == 1 else self.quiet
+            wait = min(quiet, started + self.longest - now)
             if wait <= 0:
                 break
             try:

@@ -13,7 +13,7 @@ import pytest
 
 from agent.config import load_config
 from agent.daemon import Agent, Schedule
-from agent.events import BATCH_KEEP, Batcher, DeviceEvent, classify
+from agent.events import BATCH_KEEP, Batch, Batcher, DeviceEvent, classify
 from agent.health.notify import Notifier
 from agent.result import RunResult
 from tests.unit.fakerunner import FakeRunner
@@ -80,6 +80,34 @@ def test_a_batch_ends_at_its_longest_even_while_events_keep_coming() -> None:
     assert batch.count == 11  # the first, then one per 0.1 s for 1 s
 
 
+def test_a_lone_event_is_acted_on_at_once_and_a_storm_still_gathers() -> None:
+    """After a batch's first event the Batcher waits FIRST_QUIET for another (a namespace
+    added alone is attached 0.15 s sooner); once a second came, QUIET each (a storm's
+    events, closer together than that, still make one batch)."""
+    from agent.events import FIRST_QUIET, QUIET
+
+    timeouts: list[float | None] = []
+
+    class Queue(queue.SimpleQueue):
+        def __init__(self, items: list[DeviceEvent]) -> None:
+            super().__init__()
+            self.items = items
+
+        def get(self, block: bool = True, timeout: float | None = None):  # type: ignore[override]
+            timeouts.append(timeout)
+            if not self.items:
+                raise queue.Empty
+            return self.items.pop(0)
+
+    first = DeviceEvent("namespace", "add", "nvme1n3")
+    assert Batcher(Queue([]), clock=lambda: 0.0).gather(first).count == 1
+    assert timeouts == [FIRST_QUIET]
+    timeouts.clear()
+    more = [DeviceEvent("namespace", "add", f"nvme1n{i}") for i in (4, 5)]
+    assert Batcher(Queue(more), clock=lambda: 0.0).gather(first).count == 3
+    assert timeouts == [FIRST_QUIET, QUIET, QUIET]
+
+
 def test_schedule_full_passes_collects_and_retries(tmp_path: Path) -> None:
     config = tmp_path / "kvagent.yaml"
     write_config(config, tmp_path, free_port(), interval="30s", full_interval="5m")
@@ -143,6 +171,26 @@ def test_a_storm_makes_one_collect_and_one_attach_pass(tmp_path: Path,
     # before the pass, in case something went away.
     assert len(collects) == 1
     assert (agent.counters.device_events, agent.counters.device_batches) == (256, 1)
+
+
+def test_a_batch_of_nothing_that_moved_reads_nothing(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """udev's own change after kvagent's mkfs wrote a device (and a controller's own change)
+    neither collects nor attaches: each came a second after every attach pass and made a
+    whole collect, delaying the next namespace's attach."""
+    config = gpu_config(tmp_path)
+    agent = Agent(str(config), load_config(config), runner=FakeRunner(),
+                  notifier=Notifier(env={}))
+    work: list[str] = []
+    monkeypatch.setattr(agent, "reconcile", lambda **kw: (work.append("pass"),
+                                                          RunResult(dry_run=False))[1])
+    monkeypatch.setattr(agent, "collect", lambda **kw: work.append("collect"))
+    schedule = Schedule(0.0, agent.cfg)
+    agent._on_devices(Batch([DeviceEvent("namespace", "change", "nvme1n3"),
+                             DeviceEvent("controller", "change", "nvme1")]), schedule)
+    assert work == [] and agent.counters.device_events == 2
+    agent._on_devices(Batch([DeviceEvent("namespace", "remove", "nvme1n3")]), schedule)
+    assert work == ["collect"]
 
 
 @pytest.mark.parametrize(("events", "collects_first"), [

@@ -576,6 +576,9 @@ class Agent:
             # udev's own change after a program wrote a device (kvagent's mkfs), a
             # controller's own change: nothing the topology shows moved (the periodic
             # collect reads on). Collecting here delayed the next namespace's attach.
+            snap = self.store.get()
+            if snap is not None:  # (the counters still show them)
+                self.store.set(dataclasses.replace(snap, counters=self.counters))
             return
         pools = tuple(p.name for p in self.cfg.initiator.pools) if self.cfg.initiator else ()
         attach = bool(pools) and batch.something_appeared

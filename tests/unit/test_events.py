@@ -15,6 +15,7 @@ from agent.config import load_config
 from agent.daemon import Agent, Schedule
 from agent.events import BATCH_KEEP, Batch, Batcher, DeviceEvent, classify
 from agent.health.notify import Notifier
+from agent.health.snapshot import Snapshot
 from agent.result import RunResult
 from tests.unit.fakerunner import FakeRunner
 from tests.unit.test_daemon import free_port, write_config
@@ -185,10 +186,12 @@ def test_a_batch_of_nothing_that_moved_reads_nothing(tmp_path: Path,
     monkeypatch.setattr(agent, "reconcile", lambda **kw: (work.append("pass"),
                                                           RunResult(dry_run=False))[1])
     monkeypatch.setattr(agent, "collect", lambda **kw: work.append("collect"))
+    agent.store.set(Snapshot(0.0, 0.0, "gpu"))
     schedule = Schedule(0.0, agent.cfg)
     agent._on_devices(Batch([DeviceEvent("namespace", "change", "nvme1n3"),
                              DeviceEvent("controller", "change", "nvme1")]), schedule)
     assert work == [] and agent.counters.device_events == 2
+    assert agent.store.get().counters.device_events == 2, "the metrics count them"
     agent._on_devices(Batch([DeviceEvent("namespace", "remove", "nvme1n3")]), schedule)
     assert work == ["collect"]
 

@@ -571,14 +571,14 @@ class Agent:
         self.counters = dataclasses.replace(
             self.counters, device_events=self.counters.device_events + batch.count,
             device_batches=self.counters.device_batches + 1)
+        snap = self.store.get()
+        if snap is not None:  # the counters show the batch now, whatever follows
+            self.store.set(dataclasses.replace(snap, counters=self.counters))
         log.info("device events", events=batch.count, kinds=batch.summary())
         if not (batch.something_appeared or batch.something_went):
             # udev's own change after a program wrote a device (kvagent's mkfs), a
             # controller's own change: nothing the topology shows moved (the periodic
             # collect reads on). Collecting here delayed the next namespace's attach.
-            snap = self.store.get()
-            if snap is not None:  # (the counters still show them)
-                self.store.set(dataclasses.replace(snap, counters=self.counters))
             return
         pools = tuple(p.name for p in self.cfg.initiator.pools) if self.cfg.initiator else ()
         attach = bool(pools) and batch.something_appeared

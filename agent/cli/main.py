@@ -17,6 +17,17 @@ from . import failure
 from .failure import OUTPUT_FORMATS, OUTPUT_OPTIONS, asks_for_json
 
 
+class _NoArgs(click.UsageError):
+    """A command line with no arguments: the help itself is the message."""
+
+    def __init__(self, ctx: click.Context):
+        super().__init__("no command given", ctx)
+
+    def show(self, file: Any = None) -> None:
+        assert self.ctx is not None
+        click.echo(self.ctx.get_help(), file=file, err=file is None)
+
+
 class KvagentGroup(click.Group):
     """Turns kvagent's exceptions into one clear message and an exit code; no tracebacks.
 
@@ -34,6 +45,13 @@ class KvagentGroup(click.Group):
         module, attr = target.split(":")
         return _accept_output_option(
             getattr(importlib.import_module(f"{__package__}.{module}"), attr))
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """No arguments at all: the help on stderr and exit 2, as click 8.2 and later do
+        (older click, Debian 12's 8.1 among them, printed it on stdout and exited 0)."""
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            raise _NoArgs(ctx)
+        return super().parse_args(ctx, args)
 
     def make_context(self, info_name: str | None, args: list[str],
                      parent: click.Context | None = None, **extra: Any) -> click.Context:

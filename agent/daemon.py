@@ -182,10 +182,13 @@ class Agent:
             covered = {("target", p.name) for p in (self.cfg.target.pools
                                                      if self.cfg.target else ())}
         try:
+            # A pool whose controllers are reconnecting fails at once: waiting for the
+            # kernel held up every other pool, the collects and the heals for up to
+            # initiator.device_wait (the pass is tried again every health.interval).
             result = run_pass(self.cfg, dry_run=False, runner=self.runner,
                               wait_for_lock=wait_for_lock, rebind=rebind,
                               attach_only=attach_only, target_only=target_only,
-                              rediscover=rediscover)
+                              rediscover=rediscover, wait_reconnects=False)
         except progress.Stopping:
             log.warning("pass stopped at a step boundary: the agent is stopping; the next "
                         "start finishes it", seconds=round(time.time() - started, 1))

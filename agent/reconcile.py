@@ -25,7 +25,8 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
              wait_for_lock: bool = False, rebind: Iterable[str] = (),
              on_lock_wait: Callable[[LockHolder | None], None] | None = None,
              attach_only: Collection[str] | None = None,
-             target_only: bool = False, rediscover: bool = True) -> RunResult:
+             target_only: bool = False, rediscover: bool = True,
+             wait_reconnects: bool = True) -> RunResult:
     """Plan (``dry_run``) or apply the config on this host; never raises for a failed action.
 
     ``rebind`` names target pools whose namespaces may move to other storage (with a
@@ -38,7 +39,10 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
     is not asked again which subsystems it has (events that cannot bring a new one).
     ``target_only``: the storage side's pass alone, what
     ``kvagent run`` does when a collect sees its nvmet objects changed behind its back
-    (the GPU side is not touched).
+    (the GPU side is not touched). Without ``wait_reconnects`` a pool whose controllers
+    are all reconnecting fails at once instead of waiting ``initiator.device_wait`` for
+    one (the agent: the kernel reconnects by itself, and a pass waiting on it held up
+    every other pool, collect and heal).
     """
     from .engines.handoff import forget, leftover_pools
     from .initiator.reconcile import InitiatorPass
@@ -53,14 +57,15 @@ def run_pass(cfg: Config, *, dry_run: bool, runner: Runner | None = None,
             return
         if attach_only is not None:
             initiator = InitiatorPass(cfg, runner, result, dry_run=dry_run,
-                                      rediscover=rediscover)
+                                      rediscover=rediscover, wait_reconnects=wait_reconnects)
             pools = [p for p in (cfg.initiator.pools if cfg.initiator else ())
                      if p.name in attach_only]
             hand_off_pools(cfg, initiator.attach(pools), result)
             return
         # Detach before unexporting: on a host with both roles, a pool dropped from both
         # must be unmounted while its target still answers.
-        initiator = InitiatorPass(cfg, runner, result, dry_run=dry_run)
+        initiator = InitiatorPass(cfg, runner, result, dry_run=dry_run,
+                                  wait_reconnects=wait_reconnects)
         for pool in initiator.detach_removed():
             forget(cfg, pool, result, dry_run=dry_run)
         # What a pass killed between recording a detach and forgetting the pool left.

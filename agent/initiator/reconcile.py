@@ -87,13 +87,14 @@ class InitiatorPass:
     def __init__(self, cfg: Config, runner: Runner, result: RunResult, *,
                  dry_run: bool = False, sysfs: Sysfs | None = None,
                  cli: NvmeCli | None = None, seams: HostSeams | None = None,
-                 rediscover: bool = True):
+                 rediscover: bool = True, wait_reconnects: bool = True):
         self.cfg, self.result, self.dry_run = cfg, result, dry_run
         #: False: a pool whose record is complete takes the subsystems it found as its
         #: discovery (an attach pass for events that bring no new subsystem).
         self.rediscover = rediscover
         self.ctx = StageContext(cfg, runner, result, dry_run, sysfs or Sysfs(cfg.node.sysfs),
-                                cli or NvmeCli(runner), seams or HostSeams())
+                                cli or NvmeCli(runner), seams or HostSeams(),
+                                wait_reconnects=wait_reconnects)
         self.state_dir = Path(cfg.node.state_dir)
         #: each pool's record text as this pass last saved it (records are replaced,
         #: never changed, once in the state this pass saves)

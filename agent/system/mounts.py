@@ -9,9 +9,11 @@ of a namespace's mount and hand-off under TCG.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +57,10 @@ class KernelMountTable:
     The kernel marks an open ``/proc/self/mountinfo`` for ``poll`` (``POLLPRI``) whenever
     a mount or unmount changed the table since the descriptor last saw it (proc(5)); the
     check consumes the mark, so each read first polls, then reads: a change during the
-    read is seen at the next one. ``open_`` and ``poller`` are seams for tests.
+    read is seen at the next one. A forked child starts afresh (its own descriptor, its
+    own read): it would otherwise share the parent's open file, whose mark one child can
+    consume while another still holds the parent's stale table. ``open_`` and
+    ``poller`` are seams for tests.
     """
 
     def __init__(self, path: Path = MOUNTINFO, *,
@@ -71,6 +76,16 @@ class KernelMountTable:
         self._lock = threading.Lock()
         #: Times the table was read and parsed (tests and benchmarks look).
         self.reads = 0
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forget_in_child(ref()))
+
+    def _forget(self) -> None:
+        """Drop the descriptor, its poll and the table (a forked child's first step)."""
+        self._lock = threading.Lock()  # a parent's thread may have held it at the fork
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._fd, self._poll, self._entries, self._points = None, None, None, {}
 
     def entries(self) -> list[MountEntry]:
         """The mount table now."""
@@ -102,6 +117,11 @@ class KernelMountTable:
         while chunk := os.read(self._fd, 1 << 16):
             chunks.append(chunk)
         return b"".join(chunks).decode(errors="surrogateescape")
+
+
+def _forget_in_child(table: KernelMountTable | None) -> None:
+    if table is not None:
+        table._forget()
 
 
 #: The kernel's table of this process (the default of every function here).

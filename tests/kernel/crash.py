@@ -34,12 +34,17 @@ class Outcome:
     killed: bool
     exit_code: int | None
     steps: tuple[str, ...]
+    #: What the child said went wrong (a failed pass's errors or a traceback), for
+    #: assertion messages: the guest's stderr is not in the CI log.
+    errors: str = ""
 
 
 def child_pass(config: Config, spec: str = "", timeout: int = 0) -> Outcome:
     """Run one apply of ``config`` in a forked child with failpoints ``spec``; wait.
     ``timeout``: seconds after which the child dies of SIGALRM, failing as wedged."""
     fd, log = tempfile.mkstemp(prefix="kvagent-steps-")
+    os.close(fd)
+    fd, said = tempfile.mkstemp(prefix="kvagent-errors-")
     os.close(fd)
     pid = os.fork()
     if pid == 0:  # the child
@@ -50,21 +55,25 @@ def child_pass(config: Config, spec: str = "", timeout: int = 0) -> Outcome:
             result = run_pass(config, dry_run=False)
             code = 0 if result.ok else 1
             if not result.ok:
-                print(f"child pass errors: {result.errors}", file=sys.stderr, flush=True)
+                Path(said).write_text(f"child pass errors: {result.errors}")
         except BaseException:
-            traceback.print_exc()
-            sys.stderr.flush()
+            Path(said).write_text(traceback.format_exc())
         finally:
+            with open(said) as f:
+                sys.stderr.write(f.read())
+            sys.stderr.flush()
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     steps = tuple(line.split("\t", 1)[1] for line in Path(log).read_text().splitlines())
+    errors = Path(said).read_text()
     os.unlink(log)
+    os.unlink(said)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         assert sig != signal.SIGALRM, f"the pass is wedged (> {timeout}s): {steps[-3:]}"
         assert sig == signal.SIGKILL, f"child died of signal {sig}"
-        return Outcome(True, None, steps)
-    return Outcome(False, os.WEXITSTATUS(status), steps)
+        return Outcome(True, None, steps, errors)
+    return Outcome(False, os.WEXITSTATUS(status), steps, errors)
 
 
 def ci_log(line: str) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -211,6 +212,33 @@ class Rxe:
     def down(self) -> None:
         sh("rdma", "link", "delete", self.name, check=False)
         sh("ip", "link", "del", self.veth, check=False)
+
+
+@contextlib.contextmanager
+def sparse_xfs(path: Path, size: int) -> Iterator[Path]:
+    """An xfs of ``size`` bytes mounted at ``path``, on a loop device over a sparse image.
+
+    Room for pool files larger than the VM's memory (the guest's /var is a tmpfs
+    overlay): kvagent preallocates a file namespace, and on xfs that reserves
+    unwritten extents, so only what is written takes memory."""
+    modprobe("loop")
+    image = path.with_name(path.name + ".img")
+    with open(image, "wb") as f:
+        f.truncate(size)
+    loop = sh("losetup", "--show", "-f", str(image)).stdout.strip()
+    try:
+        sh("mkfs.xfs", "-q", loop, timeout=120)
+        path.mkdir(exist_ok=True)
+        sh("mount", loop, str(path))
+        try:
+            yield path
+        finally:
+            # Lazily when a failed test left a namespace open on a file there.
+            if sh("umount", str(path), check=False).returncode:
+                sh("umount", "-l", str(path), check=False)
+    finally:
+        sh("losetup", "-d", loop, check=False)
+        image.unlink()
 
 
 def leftovers() -> list[str]:

@@ -21,6 +21,7 @@ import re
 import shlex
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -75,8 +76,10 @@ def file_pool(lab: Lab, name: str, count: int, size: str, shared: bool = False) 
 """
 
 
-#: Settings some engines need in the config (vllm's CPU tier; dynamo without GDS checks).
-EXTRA = {"dynamo": ", gds: trust", "vllm": ", cpu_cache: 1GiB"}
+#: Settings some engines need in the config (vllm's CPU tier; dynamo without GDS checks and
+#: with a share of the pool that gives KVBM at least 1 GB per directory: below that KVBM's
+#: disk tier is off and kvagent refuses the render).
+EXTRA = {"dynamo": ", gds: trust, capacity: 45%", "vllm": ", cpu_cache: 1GiB"}
 
 
 def initiator_pool(lab: Lab, name: str, transport: str, address: str, *,
@@ -204,9 +207,17 @@ def write_sectors(device: str) -> int:
 
 # ---------------------------------------------------------------------------- TCP
 
-def test_tcp_attach_outage_reboot_detach(lab: Lab) -> None:
+@pytest.fixture
+def roomy_lab(lab: Lab) -> Iterator[Lab]:
+    """A lab whose pool files (``files/``) have room for namespaces of a few GiB."""
+    with kit.sparse_xfs(lab.root / "files", 7 << 30):
+        yield lab
+
+
+def test_tcp_attach_outage_reboot_detach(roomy_lab: Lab) -> None:
+    lab = roomy_lab
     nqn = subsystem_nqn(PREFIX, "lab", "kv", "lab")
-    target = target_yaml(lab, "tcp", "127.0.0.1", 21, file_pool(lab, "kv", 2, "300MiB"))
+    target = target_yaml(lab, "tcp", "127.0.0.1", 21, file_pool(lab, "kv", 2, "3GiB"))
     attach = initiator_pool(lab, "kv", "tcp", "127.0.0.1", engines=KINDS)
     write_config(lab, target, attach)
     before = host_snapshot()
@@ -258,7 +269,7 @@ def test_tcp_attach_outage_reboot_detach(lab: Lab) -> None:
     lap("kvagent engines render")
 
     # The target port goes away for 5 s while fio writes with crc32c checksums (32 MiB:
-    # vllm's cap on a 300 MiB namespace shared by 5 engines is a hard ~44 MiB); with
+    # well within vllm's cap, 45% of a 3 GiB namespace split by the other 4 engines); with
     # fast_io_fail_tmo off, I/O waits for the path (test_cache_failfast.py: it fails fast).
     fio_file = mounts[0] / "vllm/fio.dat"
     fio = subprocess.Popen(

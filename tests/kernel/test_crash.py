@@ -396,7 +396,7 @@ def run_case(name: str, lab: Lab, cfg: Config, reset, check, foreign: Foreign,  
     """
     reset()
     full = child_pass(cfg)
-    assert full.exit_code == 0, f"{name}: the pass itself failed"
+    assert full.exit_code == 0, f"{name}: the pass itself failed: {full.errors}"
     steps = full.steps
     n = len(steps)
     t0 = time.monotonic()
@@ -438,11 +438,13 @@ def run_case(name: str, lab: Lab, cfg: Config, reset, check, foreign: Foreign,  
         assert_prefix(name, k, killed.steps, steps[first:k] if k > first else steps[:k])
         t2 = time.monotonic()
         recovered = child_pass(cfg)
-        assert recovered.exit_code == 0, f"{name} k={k} ({steps[k - 1]}): recovery failed"
+        assert recovered.exit_code == 0, (
+            f"{name} k={k} ({steps[k - 1]}): recovery failed: {recovered.errors}")
         t3 = time.monotonic()
         again = child_pass(cfg)
         assert again.exit_code == 0 and side_effects(again) == [], (
-            f"{name} k={k} ({steps[k - 1]}): not converged: {side_effects(again)}")
+            f"{name} k={k} ({steps[k - 1]}): not converged: {side_effects(again)} "
+            f"{again.errors}")
         t4 = time.monotonic()
         # A state unlike the clean run's is collected, not fatal at once: the matrix goes
         # on (the next kill starts from a reset), so one run shows every position.

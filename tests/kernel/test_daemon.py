@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -98,17 +99,25 @@ health: {{listen: "127.0.0.1:{port}", interval: 5s, full_interval: 5s}}
         assert get(f"{base}/healthz")[0] == 200
         assert controller_states(get(f"{base}/metrics")[1]) == {"live"}
 
-        # Port flap: unlink the subsystem from the port behind kvagent's back.
-        os.unlink(kit.NVMET / "ports/21/subsystems" / nqn)
+        # Port flap: unlink the subsystem from the port behind kvagent's back. The agent
+        # heals such drift at its next collect, often before the host's controller has
+        # been seen reconnecting: while the test looks, the port stays down (whatever
+        # the agent links again is unlinked again, a fight it backs off from).
+        link = kit.NVMET / "ports/21/subsystems" / nqn
         samples: list[tuple[int, frozenset[str]]] = []
 
         def degraded_seen() -> bool:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(link)
             states = frozenset(controller_states(get(f"{base}/metrics")[1]))
             samples.append((get(f"{base}/readyz")[0], states))
             return any(code == 503 and "connecting" in st for code, st in samples)
 
-        wait_until(degraded_seen, 30, "metrics to show connecting and /readyz to fail")
-        # The next pass re-links the port (the agent heals it) and the host reconnects.
+        try:
+            wait_until(degraded_seen, 60, "metrics to show connecting and /readyz to fail")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; (readyz, states) seen: {samples}") from None
+        # The agent links the port again (after its back-off) and the host reconnects.
         wait_until(lambda: get(f"{base}/readyz")[0] == 200, 60, "/readyz to recover")
         assert controller_states(get(f"{base}/metrics")[1]) == {"live"}
 

@@ -178,7 +178,7 @@ def test_power_cuts_at_named_steps_lose_nothing_kvagent_relied_on(logged) -> Non
     for case in ("storage", "gpu", "teardown"):
         prepare(case)
         outcome = timed_pass(case_config[case])
-        assert outcome.exit_code == 0, f"{case}: the pass itself failed"
+        assert outcome.exit_code == 0, f"{case}: the pass itself failed: {outcome.errors}"
         steps[case] = outcome.steps
         ll.reboot()
     ci_log(f"power cuts: uncut passes {', '.join(f'{c} {len(s)} steps' for c, s in steps.items())}"
@@ -210,11 +210,11 @@ def test_power_cuts_at_named_steps_lose_nothing_kvagent_relied_on(logged) -> Non
         t1 = time.monotonic()
         recovered = timed_pass(cfg)
         assert recovered.exit_code == 0, (
-            f"cut-{n} ({case}, after {steps[case][k - 1]}): recovery failed")
+            f"cut-{n} ({case}, after {steps[case][k - 1]}): recovery failed: {recovered.errors}")
         again = timed_pass(cfg)
         assert again.exit_code == 0 and side_effects(again) == [], (
             f"cut-{n} ({case}, after {steps[case][k - 1]}): not converged: "
-            f"{side_effects(again)}")
+            f"{side_effects(again)} {again.errors}")
         if case == "gpu":
             assert os.path.ismount(ll.mount)
         if case == "teardown":
@@ -242,7 +242,8 @@ def _flush_points(ll: LoggedLab, foreign: Foreign, name: str, before: list[Confi
     kept = ll.fs / f"foreign/before-{name}.bin"
     foreign.files[kept] = write_synced(kept, MIB)  # fsynced before the pass
     ll.mark(f"{name}-start")
-    assert timed_pass(cfg).exit_code == 0, f"{name}: the pass itself failed"
+    passed = timed_pass(cfg)
+    assert passed.exit_code == 0, f"{name}: the pass itself failed: {passed.errors}"
     ll.mark(f"{name}-end")
     log = ll.reboot()
     assert log is not None
@@ -260,10 +261,10 @@ def _flush_points(ll: LoggedLab, foreign: Foreign, name: str, before: list[Confi
         ll.mount_snapshot(base)
         what = f"{name} flush point {j}/{len(points)} (log entry {point})"
         recovered = timed_pass(cfg)
-        assert recovered.exit_code == 0, f"{what}: recovery failed"
+        assert recovered.exit_code == 0, f"{what}: recovery failed: {recovered.errors}"
         again = timed_pass(cfg)
         assert again.exit_code == 0 and side_effects(again) == [], (
-            f"{what}: not converged: {side_effects(again)}")
+            f"{what}: not converged: {side_effects(again)} {again.errors}")
         check()
         foreign.check()
         ll.reboot()

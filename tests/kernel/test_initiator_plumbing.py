@@ -185,3 +185,36 @@ def test_the_mount_table_is_read_again_exactly_when_a_mount_changed_it(tmp_path:
         kit.sh("umount", str(where))
     assert str(where) not in {e.mount_point for e in table.entries()}
     assert table.reads == 3
+
+
+def test_a_forked_child_sees_the_mounts_its_sibling_made(tmp_path: Path) -> None:
+    """Forked children share the parent's mountinfo descriptor and its poll mark: one
+    child's mount, seen (and the mark consumed) by that child, must still show in the
+    next child, which inherits the parent's table from before the mount."""
+    from agent.system.mounts import KERNEL_TABLE
+
+    where = tmp_path / "m"
+    where.mkdir()
+    assert KERNEL_TABLE.at(str(where)) is None  # the parent has read the table
+
+    def in_child(step) -> int:  # type: ignore[no-untyped-def]
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = 0 if step() else 1
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status)
+
+    def mount_and_look() -> bool:
+        kit.sh("mount", "-t", "tmpfs", "kvtest", str(where))
+        return KERNEL_TABLE.at(str(where)) is not None
+
+    try:
+        assert in_child(mount_and_look) == 0
+        assert in_child(lambda: KERNEL_TABLE.at(str(where)) is not None) == 0, (
+            "the second child trusted the parent's table from before the mount")
+    finally:
+        kit.sh("umount", str(where), check=False)

@@ -88,7 +88,9 @@ def test_tmpfs_refuses_odirect_and_renders_fall_back() -> None:
         lm = render("lmcache", EngineContext("p1", "lmcache", (lm_dir,), 10**8, (result,)))
         assert "use_odirect: false" in lm.files["lmcache.yaml"]
         assert any("EINVAL" in n for n in lm.notes)
-        dyn = render("dynamo", EngineContext("p1", "dynamo", (dyn_dir,), 10**9, (result,)))
+        # 2e9 bytes: KVBM needs a whole decimal GB once the headroom is off (below it
+        # the disk tier is off and the render is refused).
+        dyn = render("dynamo", EngineContext("p1", "dynamo", (dyn_dir,), 2 * 10**9, (result,)))
         env = env_lines(dyn.files["dynamo-kvbm.env"])
         assert env["DYN_KVBM_DISK_DISABLE_O_DIRECT"] == "true"
         assert "DYN_KVBM_DISK_ZEROFILL_FALLBACK" not in env

@@ -70,6 +70,23 @@ def test_an_unexpected_error_escaping_a_pass_fails_that_pass_and_the_next_recove
     assert agent.counters.unexpected_errors == 1, "a counter: it stays"
 
 
+def test_the_agents_passes_do_not_wait_for_reconnecting_controllers(
+        agent: Agent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pass the agent runs (full, attach, heal) fails a reconnecting pool at once
+    rather than holding the loop for initiator.device_wait."""
+    seen: list[bool] = []
+
+    def recording(*_args, **kwargs) -> RunResult:  # type: ignore[no-untyped-def]
+        seen.append(kwargs["wait_reconnects"])
+        return RunResult(dry_run=False)
+
+    monkeypatch.setattr(daemon, "run_pass", recording)
+    agent.reconcile()
+    agent.reconcile(attach_only=("kv",), rediscover=False)
+    agent.reconcile(target_only=True)
+    assert seen == [False, False, False]
+
+
 def test_contained_unexpected_errors_are_counted(agent: Agent,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     def contained(*_args, **_kwargs) -> RunResult:  # type: ignore[no-untyped-def]

@@ -9,6 +9,8 @@ import os
 import select
 from pathlib import Path
 
+import pytest
+
 from agent.system.mounts import KernelMountTable
 
 LINE = "36 35 98:0 / /mnt/{name} rw,noatime - xfs /dev/{name} rw,prjquota\n"
@@ -78,3 +80,30 @@ def test_a_mount_point_is_looked_up_in_the_table_as_last_read(tmp_path: Path) ->
     poll.marked = True
     assert table.at("/mnt/a") is None and table.at("/mnt/b") is not None
     assert table.reads == 2
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_reads_the_table_afresh(tmp_path: Path) -> None:
+    """A child forked after the parent read the table shares the parent's open file and
+    with it the kernel's mark, which another child may already have consumed: it must
+    not trust the parent's table (a pass in a forked child found its pool unmounted)."""
+    table_file = tmp_path / "mountinfo"
+    table_file.write_text(LINE.format(name="a"))
+    poll = FakePoll()
+    opened: list[str] = []
+
+    def open_(path: str) -> int:
+        opened.append(path)
+        return os.open(path, os.O_RDONLY)
+
+    table = KernelMountTable(table_file, open_=open_, poller=lambda: poll)
+    assert [e.mount_point for e in table.entries()] == ["/mnt/a"]
+    table_file.write_text(LINE.format(name="a") + LINE.format(name="b"))  # no mark left
+    pid = os.fork()
+    if pid == 0:  # the child: 0 when it saw the table as it is now, on its own descriptor
+        ok = ([e.mount_point for e in table.entries()] == ["/mnt/a", "/mnt/b"]
+              and len(opened) == 2 and table.at("/mnt/b") is not None)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the child kept the parent's table"
+    assert [e.mount_point for e in table.entries()] == ["/mnt/a"], "the parent is unchanged"

@@ -64,6 +64,9 @@ class StageContext:
     cli: NvmeCli
     seams: HostSeams
     checkpoint: Callable[[], None] = field(default=_nothing)
+    #: False: controllers that are all reconnecting are not waited for (the agent's
+    #: passes; :func:`agent.reconcile.run_pass`).
+    wait_reconnects: bool = True
     _thp: list[str | None] = field(default_factory=list, repr=False)
 
     def thp_mode(self) -> str | None:

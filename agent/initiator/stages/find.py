@@ -78,7 +78,11 @@ def _known_nsids(ctx: StageContext, nqn: str, old: PoolAttachment | None,
 
 def _live_controller(ctx: StageContext, nqn: str, controllers: list[Controller],
                      wait: float) -> Controller:
-    """A live controller among ``controllers``, waiting up to ``wait`` s for a reconnect."""
+    """A live controller among ``controllers``, waiting up to ``wait`` s for a reconnect
+    (not at all when every one is reconnecting and the pass does not wait for that)."""
+    if not ctx.wait_reconnects and controllers and all(
+            c.state == "connecting" for c in controllers):
+        wait = 0.0
     with progress.step(f"waiting for a live controller of {nqn}", wait):
         return _wait_live(ctx, nqn, controllers, wait)
 
@@ -99,7 +103,8 @@ def _wait_live(ctx: StageContext, nqn: str, controllers: list[Controller],
             raise KvagentError(
                 f"no live controller for {nqn} after {wait:g}s: {states}",
                 "the storage host is unreachable or its port is down; the kernel keeps "
-                "reconnecting (I/O waits meanwhile); apply again once it is back")
+                "reconnecting (I/O waits meanwhile); apply again once it is back (the "
+                "agent tries again every health.interval)")
         ctx.seams.sleep(0.2)
         current = [c for n in names if (c := ctx.sysfs.controller(n)) is not None]
 

@@ -57,13 +57,14 @@ def pool_yaml(host: FakeHost, *, name: str = "kv", layout: str = "per-namespace"
 
 
 def run(host: FakeHost, pools: str = "", *, dry_run: bool = False,
-        rediscover: bool = True) -> RunResult:
+        rediscover: bool = True, wait_reconnects: bool = True) -> RunResult:
     body = f"initiator:\n  device_wait: 5s\n  pools:\n{pools}" if pools else ""
     cfg = host.config(body)
     result = RunResult(dry_run=dry_run)
     # What agent.reconcile.run_pass does around the initiator: the engines' hand-off.
     initiator = InitiatorPass(cfg, host.runner, result, dry_run=dry_run, sysfs=host.sysfs,
-                              cli=host.cli, seams=host.seams(), rediscover=rediscover)
+                              cli=host.cli, seams=host.seams(), rediscover=rediscover,
+                              wait_reconnects=wait_reconnects)
     for name in initiator.detach_removed():
         forget(cfg, name, result, dry_run=dry_run)
     for m in initiator.attach_configured():
@@ -322,6 +323,23 @@ def test_controller_that_stays_down_is_reported_without_touching_mounts(host: Fa
     assert "no live controller" in error.message and "nvme2 connecting" in error.message
     assert len(host.runner.ran("nvme", "list-ns")) == listed
     assert len(host.mounts()) == 2 and state(host)["kv"].mounts == ns_mounts(host)
+
+
+def test_the_agent_does_not_wait_for_a_reconnecting_controller(host: FakeHost) -> None:
+    """The agent's passes (wait_reconnects off): a pool whose controllers are all
+    reconnecting fails at once, mounts untouched; a wait held up every other pool, the
+    collects and the heals for initiator.device_wait (a kernel test saw a minute)."""
+    run(host, pool_yaml(host))
+    host.set_state("nvme2", "connecting")
+    result = run(host, pool_yaml(host), wait_reconnects=False)
+    [error] = result.errors
+    assert "no live controller" in error.message and "nvme2 connecting" in error.message
+    assert host.sleeps == [] and len(host.mounts()) == 2
+    host.set_state("nvme2", "resetting")  # a reset is over in moments: waited for
+    host.on_sleep = lambda: host.now >= 1.0 and host.set_state("nvme2", "live")
+    result = run(host, pool_yaml(host), wait_reconnects=False)
+    assert result.ok and not result.changed, result.errors
+    assert sum(host.sleeps) >= 1.0
 
 
 # ------------------------------------------------------------------ detach

@@ -797,7 +797,11 @@ class InitiatorConfig:
 
     pools: tuple[InitiatorPool, ...] = doc_field("Pools to attach.", ())
     device_wait: Duration = doc_field(
-        "How long to wait for a namespace's block device after connecting.", Duration(30)
+        "How long to wait for a namespace's block device after connecting, and for a "
+        "live controller of a pool. `kvagent run` does not wait for controllers that are "
+        "all reconnecting: such a pool fails at once (the kernel reconnects by itself; the "
+        "agent tries again every `health.interval`), so it does not hold up the other "
+        "pools, collects and heals.", Duration(30)
     )
 
     def check(self) -> Check:

@@ -53,6 +53,17 @@ class Fleet:
                                  f"{done.stderr}")
         return done
 
+    def reboot(self, name: str, timeout: float = 900) -> float:
+        """Reboot machine ``name`` cleanly; the seconds until it answers SSH again."""
+        started = time.monotonic()
+        self.sh(name, "systemctl reboot", check=False, timeout=60)
+        time.sleep(5)  # (SSH may still answer while it shuts down)
+        done = subprocess.run([*FLEET, "wait", str(self.where), name, "--timeout",
+                               str(timeout)], cwd=REPO, capture_output=True, text=True,
+                              check=False, timeout=timeout + 120)
+        assert done.returncode == 0, f"{name} did not come back: {done.stdout}{done.stderr}"
+        return time.monotonic() - started
+
     def address(self, name: str) -> str:
         return self.machines[name]["address"]
 

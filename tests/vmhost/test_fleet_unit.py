@@ -108,3 +108,57 @@ def test_a_pool_crosses_the_network_under_the_shipped_unit(fleet: Fleet,
         worse = fleet.sh(name, "journalctl -u kvagent -b -p warning -q --no-pager",
                          check=False).stdout
         assert worse.strip() == "", f"{name}: {worse}"
+
+
+#: A stand-in engine: writes into its cache directory as soon as it starts.
+ENGINE_UNIT = """[Unit]
+Description=a stand-in engine that writes into its cache directory
+Requires=kvagent-pool@kv.service
+After=kvagent-pool@kv.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/dd if=/dev/zero of={path} bs=1M count=4 oflag=direct
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def monotonic_us(fleet: Fleet, name: str, unit: str, prop: str) -> int:
+    return int(fleet.sh(name, f"systemctl show -P {prop} {unit}").stdout.strip() or 0)
+
+
+@pytest.mark.usefixtures("vm_slot")
+def test_an_engine_starts_after_its_pool_across_a_reboot(fleet: Fleet) -> None:
+    """The gate kvagent-pool@kv.service: a stand-in engine unit that requires it starts
+    only once the pool is mounted, capped and handed off after a reboot, and its first
+    write lands on the pool, not on the root filesystem under the mount point."""
+    fleet.wait_pools_ready("gpu1")
+    target = f"{MNT}/storage1-ns1/sglang/engine.bin"
+    fleet.sh("gpu1", "cat > /etc/systemd/system/engine.service && systemctl daemon-reload "
+                     "&& systemctl enable engine.service",
+             stdin=ENGINE_UNIT.format(path=target))
+    boot = fleet.sh("gpu1", "cat /proc/sys/kernel/random/boot_id").stdout
+    took = fleet.reboot("gpu1")
+    assert fleet.sh("gpu1", "cat /proc/sys/kernel/random/boot_id").stdout != boot
+    assert fleet.sh("gpu1", "systemctl is-active engine.service kvagent-pool@kv.service"
+                    ).stdout.split() == ["active", "active"]
+    gate_ready = monotonic_us(fleet, "gpu1", "kvagent-pool@kv.service",
+                              "ActiveEnterTimestampMonotonic")
+    engine_started = monotonic_us(fleet, "gpu1", "engine.service",
+                                  "ExecMainStartTimestampMonotonic")
+    agent_started = monotonic_us(fleet, "gpu1", "kvagent.service",
+                                 "ExecMainStartTimestampMonotonic")
+    assert 0 < agent_started < gate_ready <= engine_started, (
+        agent_started, gate_ready, engine_started)
+    print(f"KVAGENT-CI-LOG: fleet: gpu1 rebooted in {took:.0f}s; the pool's gate active "
+          f"{(gate_ready - agent_started) / 1e6:.1f}s after the agent started, the engine "
+          f"{(engine_started - gate_ready) / 1e6:.2f}s after the gate")
+    where = fleet.sh("gpu1", f"findmnt -n -o SOURCE,FSTYPE -T {target}").stdout.split()
+    assert where[1] == "xfs" and where[0].startswith("/dev/nvme"), where
+    # Nothing under the mount point on the root filesystem (seen through a bind mount).
+    below = fleet.sh("gpu1", f"mkdir -p /mnt/root && mount --bind / /mnt/root && "
+                             f"find /mnt/root{MNT} -mindepth 2; umount /mnt/root").stdout
+    assert below.strip() == "", below

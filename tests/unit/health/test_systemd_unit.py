@@ -203,3 +203,13 @@ def test_the_engines_gate_verifies_and_never_stops_with_the_agent(tmp_path) -> N
     assert "Wants" in directives and "After" in directives
     assert not {"Requires", "BindsTo", "PartOf", "Requisite"} & set(directives)
     assert f"ExecStart={INSTALLED_EXEC} wait %i " in text
+    # Its --timeout is one kvagent reads (15min is not: the gate failed on the fleet),
+    # within the unit's own start timeout.
+    from agent.config.units import parse_duration
+
+    exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+    words = exec_start.split()
+    timeout = parse_duration(words[words.index("--timeout") + 1])
+    start_limit = next(line for line in text.splitlines()
+                       if line.startswith("TimeoutStartSec=")).split("=", 1)[1]
+    assert 0 < timeout < parse_duration(start_limit.replace("min", "m"))

@@ -164,6 +164,7 @@ COMMANDS = {
     "run": "run_cmd:run",
     "status": "status_cmd:status",
     "target": "target_cmd:target_group",
+    "wait": "wait_cmd:wait",
 }
 
 

@@ -418,6 +418,13 @@ def test_systemd_files_are_installed_for_this_venv_and_config(tmp_path: Path) ->
     assert "ExecStart=/srv/kv/venv/bin/kvagent run" in installed
     dropin = (root / "system" / "kvagent.service.d" / "kvagent-role.conf").read_text()
     assert "[Service]\nEnvironment=KVAGENT_CONFIG=/srv/kv/etc/agent.yaml\n" in dropin
+    gate = (REPO / "systemd" / "kvagent-pool@.service").read_text()
+    assert (root / "system" / "kvagent-pool@.service").read_text() == gate.replace(
+        "/opt/kvagent", "/srv/kv/venv")
+    assert "ExecStart=/srv/kv/venv/bin/kvagent wait %i" in gate.replace(
+        "/opt/kvagent", "/srv/kv/venv")
+    assert (root / "system" / "kvagent-pool@.service.d" / "kvagent-role.conf"
+            ).read_text() == dropin
     for sub in ("modules-load.d", "tmpfiles.d"):
         assert (root / sub / "kvagent.conf").read_text() == (
             REPO / "systemd" / sub / "kvagent.conf").read_text()
@@ -435,7 +442,8 @@ def test_deb_method_installs_only_the_drop_in(tmp_path: Path) -> None:
     result = _playbook(tmp_path, "-i", str(inventory), str(play))
     assert result.returncode == 0, result.stdout + result.stderr
     installed = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-    assert installed == ["system/kvagent.service.d/kvagent-role.conf"]
+    assert installed == ["system/kvagent-pool@.service.d/kvagent-role.conf",
+                         "system/kvagent.service.d/kvagent-role.conf"]
 
 
 METHOD_PLAY = """\

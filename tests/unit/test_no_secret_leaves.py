@@ -707,6 +707,11 @@ def case_bench(w: World, fmt: str) -> None:
     w.ok(w.cli("gpu", "bench", "kv", "--profile", "tiny", fmt=fmt), "bench")
 
 
+def case_wait(w: World, fmt: str) -> None:
+    w.cli("gpu", "wait", "kv", "--timeout", "0", fmt=fmt, what="no agent: not ready")
+    w.cli("storage", "wait", "kv", fmt=fmt, what="not a GPU pool there")
+
+
 def case_run(w: World, fmt: str) -> None:
     for host in ("storage", "gpu"):
         w.run_agent(host, fmt)
@@ -728,6 +733,7 @@ CASES: dict[tuple[str, ...], Callable[[World, str], None]] = {
     ("config", "validate"): case_config_validate,
     ("bench",): case_bench,
     ("run",): case_run,
+    ("wait",): case_wait,
     ("pool", "destroy"): case_pool_destroy,  # last: the next round's apply restores sec
 }
 

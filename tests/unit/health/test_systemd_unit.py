@@ -184,3 +184,32 @@ def test_the_unit_gives_the_agent_room_above_its_health_connections() -> None:
     limits = [ln.split("=", 1)[1] for ln in UNIT.read_text().splitlines()
               if ln.startswith("LimitNOFILE=")]
     assert len(limits) == 1 and int(limits[0]) >= 4 * 1024 + MAX_CONNECTIONS
+
+
+def test_the_engines_gate_verifies_and_never_stops_with_the_agent(tmp_path) -> None:
+    """kvagent-pool@.service (``kvagent wait %i``): verify prints nothing for an instance;
+    it wants the agent but does not require it (an agent restart or upgrade must not stop
+    the gate, nor the engines that require the gate)."""
+    gate = ROOT / "systemd" / "kvagent-pool@.service"
+    text = gate.read_text()
+    assert text.count(INSTALLED_EXEC) == 1
+    (tmp_path / "kvagent.service").write_text(unit_copy(tmp_path).read_text())
+    (tmp_path / "kvagent-pool@.service").write_text(
+        text.replace(INSTALLED_EXEC, str(real_kvagent())))
+    result = run("verify", str(tmp_path / "kvagent-pool@kv.service"))
+    assert (result.returncode, result.stderr, result.stdout) == (0, "", ""), result.stderr
+    directives = [line.split("=", 1)[0] for line in text.splitlines()
+                  if "=" in line and not line.startswith("#")]
+    assert "Wants" in directives and "After" in directives
+    assert not {"Requires", "BindsTo", "PartOf", "Requisite"} & set(directives)
+    assert f"ExecStart={INSTALLED_EXEC} wait %i " in text
+    # Its --timeout is one kvagent reads (15min is not: the gate failed on the fleet),
+    # within the unit's own start timeout.
+    from agent.config.units import parse_duration
+
+    exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+    words = exec_start.split()
+    timeout = parse_duration(words[words.index("--timeout") + 1])
+    start_limit = next(line for line in text.splitlines()
+                       if line.startswith("TimeoutStartSec=")).split("=", 1)[1]
+    assert 0 < timeout < parse_duration(start_limit.replace("min", "m"))

@@ -1,0 +1,94 @@
+"""A fleet of machines for host-side tests: scripts/fleet's machines, driven over SSH.
+
+Each machine is Debian 12 booted with systemd from scripts/fleet's image, kvagent
+installed from its .deb and run by its unit; the machines share a private network
+(10.77.0.0/24). :class:`Fleet` boots them, runs commands on them and powers them off,
+keeping every serial console and journal with the test's results.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+FLEET = [sys.executable, str(REPO / "scripts/fleet")]
+
+
+class Fleet:
+    """Machines booted by ``scripts/fleet up`` in ``where`` (their disks, consoles, journals)."""
+
+    def __init__(self, where: Path, specs: list[str]):
+        self.where = where
+        self.specs = specs
+        self.machines: dict[str, dict] = {}
+
+    def up(self, timeout: float = 1500) -> float:
+        """Boot every machine; the seconds until the last answered SSH."""
+        started = time.monotonic()
+        done = subprocess.run([*FLEET, "up", str(self.where), *self.specs,
+                               "--timeout", str(timeout)],
+                              cwd=REPO, capture_output=True, text=True, check=False,
+                              timeout=timeout + 600)
+        assert done.returncode == 0, f"scripts/fleet up: {done.stdout}{done.stderr}"
+        self.machines = {m["name"]: m for m in
+                         json.loads((self.where / "fleet.json").read_text())}
+        return time.monotonic() - started
+
+    def down(self) -> None:
+        subprocess.run([*FLEET, "down", str(self.where)], cwd=REPO, check=False,
+                       capture_output=True, timeout=600)
+
+    def sh(self, name: str, line: str, *, stdin: str = "", check: bool = True,
+           timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """Run a shell ``line`` on machine ``name`` as root."""
+        done = subprocess.run([*FLEET, "ssh", str(self.where), name, line], cwd=REPO,
+                              input=stdin, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+        if check and done.returncode != 0:
+            raise AssertionError(f"{name}$ {line}\nexit {done.returncode}\n{done.stdout}"
+                                 f"{done.stderr}")
+        return done
+
+    def reboot(self, name: str, timeout: float = 900) -> float:
+        """Reboot machine ``name`` cleanly; the seconds until it answers SSH again."""
+        started = time.monotonic()
+        self.sh(name, "systemctl reboot", check=False, timeout=60)
+        time.sleep(5)  # (SSH may still answer while it shuts down)
+        done = subprocess.run([*FLEET, "wait", str(self.where), name, "--timeout",
+                               str(timeout)], cwd=REPO, capture_output=True, text=True,
+                              check=False, timeout=timeout + 120)
+        assert done.returncode == 0, f"{name} did not come back: {done.stdout}{done.stderr}"
+        return time.monotonic() - started
+
+    def address(self, name: str) -> str:
+        return self.machines[name]["address"]
+
+    def hostnqn(self, name: str) -> str:
+        return self.machines[name]["hostnqn"]
+
+    def configure(self, name: str, config: str) -> None:
+        """Write the machine's /etc/kvagent/kvagent.yaml, check it, reload the agent."""
+        self.sh(name, "cat > /etc/kvagent/kvagent.yaml && kvagent config validate "
+                      "&& systemctl reload kvagent", stdin=config)
+
+    def status(self, name: str) -> dict:
+        return json.loads(self.sh(name, "kvagent -o json status").stdout)
+
+    def wait_pools_ready(self, name: str, timeout: float = 600) -> dict:
+        """Until every pool of the machine's agent is ready; its status then."""
+        deadline = time.monotonic() + timeout
+        while True:
+            done = self.sh(name, "kvagent -o json status", check=False)
+            if done.returncode == 0:
+                status = json.loads(done.stdout)
+                pools = status.get("pools", [])
+                if pools and all(p.get("ready") for p in pools):
+                    return status
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name}: pools not ready after {timeout}s: "
+                                     f"{done.stdout}{done.stderr}")
+            time.sleep(3)

@@ -14,6 +14,7 @@ import click
 
 from ..config import config_path
 from ..config.units import parse_duration
+from ..errors import UsageError
 from .context import load_cli_config
 from .output import emit
 from .status_cmd import from_agent
@@ -41,13 +42,12 @@ def wait(ctx: click.Context, pools: tuple[str, ...], timeout: str) -> None:
     attached = [p.name for p in cfg.initiator.pools] if cfg.initiator else []
     unknown = [p for p in pools if p not in attached]
     if unknown:
-        raise click.BadParameter(
-            f"{', '.join(repr(p) for p in unknown)}: not a GPU pool of this config "
-            f"(initiator.pools: {', '.join(attached) or 'none'})", param_hint="POOLS")
+        raise UsageError(f"POOLS {unknown[0]}: not a GPU pool of this config "
+                         f"(initiator.pools: {', '.join(attached) or 'none'})")
     try:
         seconds = parse_duration(timeout)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--timeout") from None
+        raise UsageError(f"--timeout {timeout}: {exc}") from None
     config_file = str(config_path(ctx.find_root().obj.get("config_file")))
     started = time.monotonic()
     while True:

@@ -100,6 +100,8 @@ CASES: dict[str, Case] = {
                           1, "failed"),
     "target show": Case(lambda h: ["target", "show", "--configfs", str(h.root / "no")], 1,
                         "failed"),
+    "wait": Case(lambda h: ["-c", str(h.good), "wait", "nope"], 2, "usage",
+                 lambda h: {"field": "POOLS"}),
 }
 
 #: click's refusals of a command line, -o json given before or after the command.

@@ -84,8 +84,8 @@ def test_no_agent_is_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.parametrize(("args", "named"), [
-    (("nope",), "'nope': not a GPU pool of this config (initiator.pools: kv, kv2)"),
-    (("kv", "--timeout", "soon"), "--timeout"),
+    (("nope",), "POOLS nope: not a GPU pool of this config (initiator.pools: kv, kv2)"),
+    (("kv", "--timeout", "soon"), "--timeout soon: "),
 ])
 def test_bad_arguments_exit_2_naming_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                           args: tuple[str, ...], named: str) -> None:

@@ -92,7 +92,8 @@ def test_bash_completes(scripts: dict[str, Path], words: tuple[str, ...],
 
 def test_bash_completes_every_command(scripts: dict[str, Path]) -> None:
     assert bash_complete(scripts["bash"], "kvagent", "") == [
-        "apply", "bench", "config", "engines", "keys", "plan", "pool", "run", "status", "target"]
+        "apply", "bench", "config", "engines", "keys", "plan", "pool", "run", "status", "target",
+        "wait"]
 
 
 def test_zsh_completes(scripts: dict[str, Path]) -> None:

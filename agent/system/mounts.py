@@ -76,8 +76,7 @@ class KernelMountTable:
         self._lock = threading.Lock()
         #: Times the table was read and parsed (tests and benchmarks look).
         self.reads = 0
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _forget_in_child(ref()))
+        _TABLES.add(self)
 
     def _forget(self) -> None:
         """Drop the descriptor, its poll and the table (a forked child's first step)."""
@@ -119,9 +118,14 @@ class KernelMountTable:
         return b"".join(chunks).decode(errors="surrogateescape")
 
 
-def _forget_in_child(table: KernelMountTable | None) -> None:
-    if table is not None:
+def _forget_in_children() -> None:
+    for table in list(_TABLES):
         table._forget()
+
+
+#: Every table of this process: a forked child makes each start afresh (one hook for all).
+_TABLES: weakref.WeakSet[KernelMountTable] = weakref.WeakSet()
+os.register_at_fork(after_in_child=_forget_in_children)
 
 
 #: The kernel's table of this process (the default of every function here).

@@ -556,6 +556,7 @@ class Agent:
         self.drift.healing(drifts, now=self.clock())
         self.counters = dataclasses.replace(self.counters,
                                             drift_heals=self.counters.drift_heals + 1)
+        self._publish_counters()  # the heal shows before the pass writes anything back
         log.warning("drift: kvagent's own objects changed behind its back; healing now",
                     changes=[d.describe() for d in drifts],
                     pools=sorted({f"{d.role} {d.pool}" for d in drifts}))
@@ -567,6 +568,13 @@ class Agent:
             outcome = self.reconcile(attach_only=pools)
             schedule.passed(self.clock(), self.cfg, full=False, ok=_ok(outcome))
 
+    def _publish_counters(self) -> None:
+        """The snapshot served now carries the counters as they are (a pass's collect
+        comes seconds later)."""
+        snap = self.store.get()
+        if snap is not None:
+            self.store.set(dataclasses.replace(snap, counters=self.counters))
+
     def _on_devices(self, batch: Batch, schedule: Schedule) -> None:
         """A batch of device events: when something appeared, attach the initiator pools
         (a new namespace is mounted and handed off; the collect after the pass shows
@@ -574,9 +582,7 @@ class Agent:
         self.counters = dataclasses.replace(
             self.counters, device_events=self.counters.device_events + batch.count,
             device_batches=self.counters.device_batches + 1)
-        snap = self.store.get()
-        if snap is not None:  # the counters show the batch now, whatever follows
-            self.store.set(dataclasses.replace(snap, counters=self.counters))
+        self._publish_counters()  # the counters show the batch now, whatever follows
         log.info("device events", events=batch.count, kinds=batch.summary())
         if not (batch.something_appeared or batch.something_went):
             # udev's own change after a program wrote a device (kvagent's mkfs), a

@@ -209,6 +209,25 @@ def test_the_agent_heals_an_unlinked_port_at_the_next_collect(storage_agent) -> 
     assert agent.heal_next == [], "healed: the baseline is what the pass left"
 
 
+def test_the_served_counters_show_a_heal_before_its_pass_writes_anything(
+        storage_agent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CI race of issue 35's kernel test: the key was back before /metrics counted the
+    heal, since only the pass's own collect (seconds later) published the counter."""
+    agent, fs, _clock, schedule = storage_agent
+    fs.unlink(f"ports/3/subsystems/{nqn_of(fs)}")
+    agent.collect(fresh=False)
+    seen: list[int] = []
+    real = agent.reconcile
+
+    def watched(**kwargs):
+        seen.append(agent.store.get().counters.drift_heals)  # what /metrics serves now
+        return real(**kwargs)
+
+    monkeypatch.setattr(agent, "reconcile", watched)
+    agent._heal(schedule)
+    assert seen == [1]
+
+
 def test_the_agent_bounds_a_fight_and_says_what_keeps_changing(storage_agent) -> None:
     agent, fs, clock, schedule = storage_agent
     ns = f"subsystems/{nqn_of(fs)}/namespaces/1/enable"

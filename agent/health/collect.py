@@ -29,6 +29,7 @@ from nvmet.errors import NvmetError
 
 from ..config.model import Config, InitiatorPool, TargetPool
 from ..errors import KvagentError
+from ..initiator.autoconnect import stray_cause, stray_controllers
 from ..initiator.mounts import MOUNTINFO, MountEntry, device_gone, read_mounts
 from ..initiator.sysfs import Controller, NamespaceHead, Sysfs
 from ..initiator.xfsmount import is_shut_down
@@ -58,6 +59,7 @@ from .snapshot import (
     PathAna,
     PoolHealth,
     Snapshot,
+    StrayController,
     TargetSide,
 )
 
@@ -111,8 +113,9 @@ def read_topology(cfg: Config, *, fs: nvmet.ConfigFS | None = None,
         return Topology(target, local, target_facts=facts)
     state = _safe_initiator_state(cfg)
     nqns = {s.subsysnqn for r in state.values() for s in r.subsystems}
+    # (every controller: those of no pool's record may be strays, :func:`_strays`)
     return Topology(
-        target, local, state, tuple(sysfs.controllers()) if state else (),
+        target, local, state, tuple(sysfs.controllers()),
         {nqn: sysfs.subsystem_namespaces(nqn) for nqn in nqns},
         {sub.nqn: sub.iopolicy for nqn in nqns for sub in sysfs.subsystems_of(nqn)},
         {p.name: _probe_summary(cfg, p.name) for p in cfg.initiator.pools},
@@ -167,7 +170,22 @@ def collect(cfg: Config, runner: Runner, *, fs: nvmet.ConfigFS | None = None,
     return Snapshot(taken_at=time.time(), tick_at=time.monotonic(), node=cfg.node.name,
                     pools=tuple(pools), controllers=tuple(controllers), drives=found_drives,
                     last_apply=last_apply, config_error=config_error,
-                    counters=counters or LoopCounters(), facts=facts)
+                    counters=counters or LoopCounters(), facts=facts,
+                    strays=_strays(cfg, topo.controllers))
+
+
+def _strays(cfg: Config, found: Iterable[Controller]) -> tuple[StrayController, ...]:
+    """Controllers to kvagent's subsystems that no initiator pool of this host attaches
+    (:mod:`agent.initiator.autoconnect`); none on a host without initiator pools."""
+    if cfg.initiator is None:
+        return ()
+    strays = stray_controllers(found, cfg.node.nqn_prefix,
+                               (p.name for p in cfg.initiator.pools))
+    if not strays:
+        return ()
+    cause = stray_cause()
+    return tuple(StrayController(c.name, c.subsysnqn, c.address.traddr or "",
+                                 c.address.trsvcid or "", c.state, cause) for c in strays)
 
 
 def last_apply_summary(cfg: Config) -> ApplySummary | None:

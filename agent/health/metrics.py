@@ -189,6 +189,9 @@ def loop_families(f: _Families, snapshot: Snapshot | None) -> None:
     f.set("kvagent_drift_fights", "Objects of kvagent's that another writer keeps changing "
           "(healed 3 times lately): named in kvagent status.", {},
           sum(1 for d in s.drift if d.fighting))
+    f.set("kvagent_stray_controllers", "Controllers to kvagent's subsystems that no pool of "
+          "this host attaches (another tool connected them: kvagent status says which).",
+          {}, len(s.strays))
     f.count("kvagent_config_reload_failures",
             "Config reloads refused (invalid new config; the old one keeps running).",
             {}, s.counters.config_reload_failures)

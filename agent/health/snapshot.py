@@ -179,6 +179,25 @@ class ControllerHealth:
 
 
 @dataclass(frozen=True)
+class StrayController:
+    """A controller to one of kvagent's subsystems that no pool of this host attaches
+    (another tool connected it: :mod:`agent.initiator.autoconnect`)."""
+
+    name: str
+    subsysnqn: str
+    traddr: str
+    trsvcid: str
+    state: str
+    #: What made it, as far as the collect can tell, and how to stop that.
+    cause: str
+
+    def problem(self) -> str:
+        return (f"controller {self.name}: connected to {self.subsysnqn} "
+                f"({self.traddr}:{self.trsvcid}), which no pool of this host attaches; "
+                f"{self.cause}, then: nvme disconnect -d {self.name}")
+
+
+@dataclass(frozen=True)
 class DriveHealth:
     """A local (PCIe) NVMe drive's SMART / health log, normalised across nvme-cli versions.
 
@@ -363,6 +382,8 @@ class Snapshot:
     collected_tick: float | None = None
     #: The subjects that drifted lately (agent.health.drift), fights first.
     drift: tuple[DriftSubject, ...] = ()
+    #: Controllers to kvagent's subsystems that no pool of this host attaches.
+    strays: tuple[StrayController, ...] = ()
     #: What the collect saw of kvagent's own objects, per (role, pool): the drift
     #: tracker's input (agent.health.drift); not part of any output.
     facts: Mapping[tuple[str, str], frozenset[tuple[str, str, str]]] = field(
@@ -408,6 +429,7 @@ def overall_state(snapshot: Snapshot) -> PoolState:
         or snapshot.health_error is not None
         or (snapshot.apply_busy is not None and snapshot.apply_busy.stuck)
         or any(d.fighting for d in snapshot.drift)
+        or snapshot.strays
     ):
         worst = 1
     return POOL_STATES[worst]
@@ -437,6 +459,7 @@ def host_problems(snapshot: Snapshot) -> tuple[str, ...]:
     if snapshot.apply_busy is not None and snapshot.apply_busy.stuck:
         lines.append(snapshot.apply_busy.problem())
     lines.extend(d.problem() for d in snapshot.drift if d.fighting)
+    lines.extend(c.problem() for c in snapshot.strays)
     for pool in snapshot.pools:
         lines.extend(f"{pool.role} pool {pool.name}: {p}" for p in pool.problems)
         if pool.state != "ok" and not pool.problems:

@@ -154,6 +154,9 @@ def to_status_json(snapshot: Snapshot, *, source: Source = "live", pid: int | No
         "drift": [_drift_json(d) for d in snapshot.drift],
         "pools": [_pool_json(p, snapshot) for p in snapshot.pools],
         "controllers": [_controller_json(c) for c in snapshot.controllers],
+        "stray_controllers": [{"name": c.name, "subsysnqn": c.subsysnqn, "traddr": c.traddr,
+                               "trsvcid": c.trsvcid, "state": c.state}
+                              for c in snapshot.strays],
         "drives": [_drive_json(d) for d in snapshot.drives],
         "counters": {
             "apply_runs": snapshot.counters.apply_runs,

@@ -11,6 +11,8 @@ cap while another engine still writes.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from .fleet import Fleet
 #: groups fit scripts/test's time (issue 36).
 pytestmark = [pytest.mark.vmhost(weight=12), pytest.mark.long]
 MNT = "/var/lib/kvcache/kv"
+DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +39,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         machines.down()
 
 
-def storage_config(fleet: Fleet) -> str:
+def storage_config(fleet: Fleet, more: str = "") -> str:
     return f"""version: 1
 node: {{name: storage1, nqn_prefix: nqn.2026-11.io.kvagent}}
 target:
@@ -51,11 +54,29 @@ target:
       namespaces: {{count: 2, size: 1GiB}}
       ports: [tcp0]
       hosts: [{{name: gpu1, nqn: "{fleet.hostnqn("gpu1")}"}}]
-health: {{listen: "127.0.0.1:9808", interval: 5s}}
+{more}health: {{listen: "127.0.0.1:9808", interval: 5s}}
 """
 
 
-def gpu_config(fleet: Fleet) -> str:
+#: A second pool on storage1's second drive (more of storage_config's pools).
+STORAGE_KV2 = """    - name: kv2
+      backing:
+        kind: lvm
+        volume_group: vg_kv2
+        devices: [/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_STORAGE11]
+      namespaces: {count: 1, size: 1GiB}
+      ports: [tcp0]
+      hosts: [{name: gpu1, nqn: "%s"}]
+"""
+#: gpu1's side of it (more of gpu_config's pools).
+GPU_KV2 = """    - name: kv2
+      target: {transport: tcp, address: %s, service: 4420}
+      mount: /var/lib/kvcache/kv2
+      engines: [{kind: vllm, capacity: 80%%}]
+"""
+
+
+def gpu_config(fleet: Fleet, more: str = "") -> str:
     return f"""version: 1
 node: {{name: gpu1, nqn_prefix: nqn.2026-11.io.kvagent}}
 initiator:
@@ -66,8 +87,16 @@ initiator:
       engines:
         - {{kind: lmcache, capacity: 40%}}
         - {{kind: sglang, capacity: 40%}}
-health: {{listen: "127.0.0.1:9808", interval: 5s}}
+{more}health: {{listen: "127.0.0.1:9808", interval: 5s}}
 """
+
+
+def attach_kv(fleet: Fleet) -> dict:
+    """storage1 exports pool kv, gpu1 attaches it (each test may run alone); gpu1's status."""
+    fleet.configure("storage1", storage_config(fleet))
+    fleet.wait_pools_ready("storage1")
+    fleet.configure("gpu1", gpu_config(fleet))
+    return fleet.wait_pools_ready("gpu1")
 
 
 @pytest.mark.usefixtures("vm_slot")
@@ -78,10 +107,7 @@ def test_a_pool_crosses_the_network_under_the_shipped_unit(fleet: Fleet,
                         ).stdout.split() == ["enabled", "active"]
         main_pid = fleet.sh(name, "systemctl show -P MainPID kvagent").stdout.strip()
         assert main_pid != "0"
-    fleet.configure("storage1", storage_config(fleet))
-    fleet.wait_pools_ready("storage1")
-    fleet.configure("gpu1", gpu_config(fleet))
-    status = fleet.wait_pools_ready("gpu1")
+    status = attach_kv(fleet)
     (pool,) = status["pools"]
     assert pool["role"] == "initiator" and pool["ready"]
     controllers = fleet.sh("gpu1", "cat /sys/class/nvme/nvme*/address 2>/dev/null").stdout
@@ -135,7 +161,7 @@ def test_an_engine_starts_after_its_pool_across_a_reboot(fleet: Fleet) -> None:
     """The gate kvagent-pool@kv.service: a stand-in engine unit that requires it starts
     only once the pool is mounted, capped and handed off after a reboot, and its first
     write lands on the pool, not on the root filesystem under the mount point."""
-    fleet.wait_pools_ready("gpu1")
+    attach_kv(fleet)
     target = f"{MNT}/storage1-ns1/sglang/engine.bin"
     fleet.sh("gpu1", "cat > /etc/systemd/system/engine.service && systemctl daemon-reload "
                      "&& systemctl enable engine.service",
@@ -162,3 +188,105 @@ def test_an_engine_starts_after_its_pool_across_a_reboot(fleet: Fleet) -> None:
     below = fleet.sh("gpu1", f"mkdir -p /mnt/root && mount --bind / /mnt/root && "
                              f"find /mnt/root{MNT} -mindepth 2; umount /mnt/root").stdout
     assert below.strip() == "", below
+
+
+def controllers(fleet: Fleet, name: str) -> list[tuple[str, str, str]]:
+    """(controller, subsystem NQN, state) of every NVMe-oF controller on machine ``name``."""
+    out = fleet.sh(name, "for c in /sys/class/nvme/nvme*; do [ -e $c/transport ] && "
+                         "[ \"$(cat $c/transport)\" != pcie ] && echo ${c##*/} "
+                         "$(cat $c/subsysnqn) $(cat $c/state); done; true").stdout
+    return sorted(tuple(line.split()) for line in out.splitlines() if line.strip())
+
+
+@pytest.mark.usefixtures("vm_slot")
+def test_nvme_clis_autoconnect_rule_makes_no_second_controller(fleet: Fleet) -> None:
+    """Issue 36, item 5: Debian's nvme-cli ships 70-nvmf-autoconnect.rules, which runs
+    ``nvme connect-all`` through the very discovery controller kvagent keeps whenever its
+    discovery-log-change AEN arrives. A pool exported while gpu1's agent waits for it:
+    both react to the same AEN, and each of kvagent's subsystems still has exactly one
+    controller, kvagent's discovery controller stays, and the pool is attached."""
+    rule = "/lib/udev/rules.d/70-nvmf-autoconnect.rules"
+    fleet.sh("gpu1", f"test -f {rule} && ! test -e /etc/udev/rules.d/70-nvmf-autoconnect"
+                     ".rules")
+    attach_kv(fleet)
+    # gpu1 wants a second pool, kv2, that storage1 does not export yet.
+    fleet.configure("gpu1", gpu_config(fleet, GPU_KV2 % fleet.address("storage1")))
+    before = controllers(fleet, "gpu1")
+    discovery = [c for c in before if c[1] == DISCOVERY_NQN]
+    assert len(discovery) == 1 and discovery[0][2] == "live", before
+    since = fleet.sh("gpu1", "date +%s").stdout.strip()
+    fleet.configure("storage1", storage_config(fleet, STORAGE_KV2 % fleet.hostnqn("gpu1")))
+    status = fleet.wait_pools_ready("gpu1")
+    assert sorted(p["name"] for p in status["pools"]) == ["kv", "kv2"], status
+    ran = fleet.sh("gpu1", f"journalctl -b --since @{since} -q --no-pager -o cat "
+                           "-u 'nvmf-connect@*'", check=False).stdout
+    assert "nvmf-connect" in ran or "connect-all" in ran, (
+        "nvme-cli's rule did not run on the AEN: the test proves nothing", ran)
+    after = controllers(fleet, "gpu1")
+    per_subsystem: dict[str, int] = {}
+    for _name, nqn, _state in after:
+        per_subsystem[nqn] = per_subsystem.get(nqn, 0) + 1
+    assert set(per_subsystem.values()) == {1}, after
+    assert [c for c in after if c[1] == DISCOVERY_NQN] == discovery, (before, after)
+    assert all(state == "live" for _n, _q, state in after), after
+    made_by = "nvme-cli" if "already connected" in fleet.sh(
+        "gpu1", f"journalctl -b --since @{since} -q --no-pager -o cat -u kvagent "
+                "| grep kv2", check=False).stdout else "kvagent"
+    print(f"KVAGENT-CI-LOG: fleet: nvme-cli's autoconnect rule ran on the AEN beside "
+          f"kvagent; one controller per subsystem ({len(after)} in all); kv2's made by "
+          f"{made_by}")
+
+    # gpu1 lets kv2 go (storage1 still offers it); the rule connects it again at the
+    # discovery controller's next reconnect (its "rediscover" event): a stray, which
+    # kvagent's status names with what to do.
+    fleet.configure("gpu1", gpu_config(fleet))
+    wait_until(lambda: not any(c[1].endswith(":kv2:gpu1") for c in controllers(fleet, "gpu1")),
+               fleet, "gpu1 detached kv2")
+    fleet.sh("gpu1", f"echo 1 > /sys/class/nvme/{discovery[0][0]}/reset_controller")
+    wait_until(lambda: any(c[1].endswith(":kv2:gpu1") for c in controllers(fleet, "gpu1")),
+               fleet, "nvme-cli's rule connected kv2 again")
+    status = wait_status(fleet, "gpu1", lambda s: s["stray_controllers"])
+    (stray,) = status["stray_controllers"]
+    assert stray["subsysnqn"].endswith(":kv2:gpu1") and status["exit_code"] == 1, status
+    (line,) = [p for p in status["problems"] if stray["name"] in p]
+    assert "autoconnect rule is active" in line and "ln -s /dev/null" in line, line
+    # What the line says to do: mask the rule, disconnect the stray; then the discovery
+    # controller's reconnects leave kv2 alone.
+    fleet.sh("gpu1", "ln -s /dev/null /etc/udev/rules.d/70-nvmf-autoconnect.rules && "
+                     f"udevadm control --reload && nvme disconnect -d {stray['name']}")
+    try:
+        wait_status(fleet, "gpu1", lambda s: s["exit_code"] == 0 and not s["stray_controllers"])
+        fleet.sh("gpu1", f"echo 1 > /sys/class/nvme/{discovery[0][0]}/reset_controller")
+        wait_until(lambda: controllers(fleet, "gpu1") == [
+            c for c in after if not c[1].endswith(":kv2:gpu1")], fleet,
+            "the discovery controller live again, kv2 not connected")
+        time.sleep(5)  # (a connect-all would have run by now: udev runs at once)
+        assert not any(c[1].endswith(":kv2:gpu1") for c in controllers(fleet, "gpu1"))
+        assert fleet.status("gpu1")["exit_code"] == 0
+    finally:
+        fleet.sh("gpu1", "rm -f /etc/udev/rules.d/70-nvmf-autoconnect.rules && "
+                         "udevadm control --reload")
+        fleet.configure("storage1", storage_config(fleet))
+
+
+def wait_until(check, fleet: Fleet, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(1)
+
+
+def wait_status(fleet: Fleet, name: str, check, timeout: float = 120) -> dict:
+    """Until ``check`` holds for the machine's ``kvagent -o json status``; that status."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = fleet.sh(name, "kvagent -o json status", check=False)
+        if done.stdout.strip():
+            status = json.loads(done.stdout)
+            if check(status):
+                return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{name}: status not as wanted after {timeout}s: "
+                                 f"{done.stdout}{done.stderr}")
+        time.sleep(2)

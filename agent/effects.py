@@ -207,8 +207,8 @@ def fchmod(fd: int, mode: int, *, subject: str) -> None:
 
 def seal_dir(path: str, on: bool) -> None:
     """Set (``on``) or clear a directory's immutable attribute
-    (:mod:`agent.system.immutable`: the directory itself, never what is mounted on it)."""
-    from .system.immutable import set_immutable
+    (:mod:`agent.immutable`: the directory itself, never what is mounted on it)."""
+    from .immutable import set_immutable
 
     set_immutable(path, on)
     if on:

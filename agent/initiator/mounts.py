@@ -13,8 +13,8 @@ from pathlib import Path
 
 from .. import effects
 from ..errors import KvagentError
+from ..immutable import is_immutable
 from ..log import get_logger
-from ..system.immutable import is_immutable
 from ..system.mounts import MOUNTINFO, MountEntry, mounted_at, read_mounts
 from ..system.run import CommandError, Runner
 
@@ -58,7 +58,7 @@ def remove_mount_points(dirs: list[str], mountinfo: Path = MOUNTINFO, *,
                         sealed: Callable[[str], bool | None] = is_immutable,
                         seal: Callable[[str, bool], None] = effects.seal_dir) -> list[str]:
     """Remove the given directories (deepest first) when empty and not mounted on; a
-    sealed one (immutable: :mod:`agent.system.immutable`) is unsealed first.
+    sealed one (immutable: :mod:`agent.immutable`) is unsealed first.
 
     Only empty directories are removed (``rmdir``), never their contents; the
     rest are kept and logged. Returns the directories removed.

@@ -1,4 +1,4 @@
-"""agent.system.immutable on this machine's own filesystem (the immutable attribute of a
+"""agent.immutable on this machine's own filesystem (the immutable attribute of a
 scratch directory: nothing is mounted, formatted or written outside tmp_path)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.system.immutable import MountedOn, is_immutable, set_immutable
+from agent.immutable import MountedOn, is_immutable, set_immutable
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from typing import NamedTuple
 
 from ... import effects, progress
 from ...config.model import Config
+from ...immutable import is_immutable
 from ...result import ActionRecord, RunResult
-from ...system.immutable import is_immutable
 from ...system.mountusers import MountUser, mount_users
 from ...system.run import Runner
 from ..filesystem import XfsSuperblock, read_xfs_superblock
@@ -44,7 +44,7 @@ class HostSeams:
     users: Callable[[str], list[MountUser]] = mount_users
     thp: Callable[[], str | None] = thp_mode
     #: A directory's immutable attribute (None: its filesystem has none) and the effect
-    #: that sets or clears it (agent.system.immutable).
+    #: that sets or clears it (agent.immutable).
     sealed: Callable[[str], bool | None] = is_immutable
     seal: Callable[[str, bool], None] = effects.seal_dir
 

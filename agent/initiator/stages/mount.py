@@ -10,7 +10,7 @@ recovery, counted in ``PoolAttachment.recoveries``), one mounted without project
 namespace grew is grown (:mod:`agent.initiator.xfsmount`).
 
 Before anything is mounted on a mount point, the directory itself is sealed (made
-immutable: :mod:`agent.system.immutable`), so that while the pool is not mounted
+immutable: :mod:`agent.immutable`), so that while the pool is not mounted
 (before the agent's first pass after a boot, after an outage unmounted it) an engine's
 writes there fail with EPERM instead of filling the host's root filesystem.
 """

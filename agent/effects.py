@@ -16,6 +16,8 @@ right after it and a pass that makes it every time does not look converged:
 ``dir.owner``      an open directory's owner changed
 ``dir.mode``       an open directory's mode changed
 ``dir.remove``     an empty directory removed (mount points, pool directories)
+``dir.seal``       a directory's immutable attribute set (a GPU pool's mount point)
+``dir.unseal``     a directory's immutable attribute cleared (before its removal)
 ``file.rename``    a file renamed into place (pool files)
 
 The subject of a step is a path, never what was written (secrets go through here).
@@ -201,6 +203,18 @@ def fchmod(fd: int, mode: int, *, subject: str) -> None:
     """Give the open directory ``fd`` another mode (see :func:`fchown`)."""
     os.fchmod(fd, mode)
     failpoints.step("dir.mode", subject)
+
+
+def seal_dir(path: str, on: bool) -> None:
+    """Set (``on``) or clear a directory's immutable attribute
+    (:mod:`agent.immutable`: the directory itself, never what is mounted on it)."""
+    from .immutable import set_immutable
+
+    set_immutable(path, on)
+    if on:
+        failpoints.step("dir.seal", path)
+    else:
+        failpoints.step("dir.unseal", path)
 
 
 def rmdir(path: StrPath) -> None:

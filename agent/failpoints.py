@@ -38,6 +38,8 @@ an argv's first words or a configfs path; never a secret):
 ``dir.make``, ``dir.owner``, ``dir.mode``, ``dir.remove``  a directory made, given its
                       owner or mode, removed (engine and mount-point directories, pool
                       directories)
+``dir.seal``, ``dir.unseal``  a GPU pool's mount point made immutable while nothing is
+                      mounted on it, made mutable again before its removal
 
 A converged pass takes no step but the last-apply report (a ``record``): everything
 above is written only where what is there differs.

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .. import effects
 from ..errors import KvagentError
+from ..immutable import is_immutable
 from ..log import get_logger
 from ..system.mounts import MOUNTINFO, MountEntry, mounted_at, read_mounts
 from ..system.run import CommandError, Runner
@@ -53,8 +54,11 @@ def create_mount_point(path: str) -> list[str]:
     return effects.make_dirs(path)
 
 
-def remove_mount_points(dirs: list[str], mountinfo: Path = MOUNTINFO) -> list[str]:
-    """Remove the given directories (deepest first) when empty and not mounted on.
+def remove_mount_points(dirs: list[str], mountinfo: Path = MOUNTINFO, *,
+                        sealed: Callable[[str], bool | None] = is_immutable,
+                        seal: Callable[[str, bool], None] = effects.seal_dir) -> list[str]:
+    """Remove the given directories (deepest first) when empty and not mounted on; a
+    sealed one (immutable: :mod:`agent.immutable`) is unsealed first.
 
     Only empty directories are removed (``rmdir``), never their contents; the
     rest are kept and logged. Returns the directories removed.
@@ -65,6 +69,8 @@ def remove_mount_points(dirs: list[str], mountinfo: Path = MOUNTINFO) -> list[st
         if os.path.normpath(d) in mounted or not os.path.isdir(d):
             continue
         try:
+            if not os.listdir(d) and sealed(d):
+                seal(d, False)
             effects.rmdir(d)
         except OSError as exc:
             log.info("kept mount directory", directory=d, reason=os.strerror(exc.errno or 0))

@@ -184,10 +184,17 @@ def test_an_engine_starts_after_its_pool_across_a_reboot(fleet: Fleet) -> None:
           f"{(engine_started - gate_ready) / 1e6:.2f}s after the gate")
     where = fleet.sh("gpu1", f"findmnt -n -o SOURCE,FSTYPE -T {target}").stdout.split()
     assert where[1] == "xfs" and where[0].startswith("/dev/nvme"), where
-    # Nothing under the mount point on the root filesystem (seen through a bind mount).
+    # Nothing under the mount point on the root filesystem (seen through a bind mount),
+    # and the directory there is sealed: a write into it while unmounted fails.
     below = fleet.sh("gpu1", f"mkdir -p /mnt/root && mount --bind / /mnt/root && "
-                             f"find /mnt/root{MNT} -mindepth 2; umount /mnt/root").stdout
-    assert below.strip() == "", below
+                             f"find /mnt/root{MNT} -mindepth 2; "
+                             f"lsattr -d /mnt/root{MNT}/storage1-ns1; "
+                             f"touch /mnt/root{MNT}/storage1-ns1/x 2>&1; "
+                             "umount /mnt/root", check=False).stdout.splitlines()
+    assert len(below) == 2, below
+    flags, refused = below
+    assert "i" in flags.split()[0] and flags.endswith(f"{MNT}/storage1-ns1"), flags
+    assert "Operation not permitted" in refused, refused
 
 
 def controllers(fleet: Fleet, name: str) -> list[tuple[str, str, str]]:

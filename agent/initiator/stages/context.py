@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from ... import progress
+from ... import effects, progress
 from ...config.model import Config
+from ...immutable import is_immutable
 from ...result import ActionRecord, RunResult
 from ...system.mountusers import MountUser, mount_users
 from ...system.run import Runner
@@ -42,6 +43,10 @@ class HostSeams:
     geometry: Callable[[str], Geometry] = geometry
     users: Callable[[str], list[MountUser]] = mount_users
     thp: Callable[[], str | None] = thp_mode
+    #: A directory's immutable attribute (None: its filesystem has none) and the effect
+    #: that sets or clears it (agent.immutable).
+    sealed: Callable[[str], bool | None] = is_immutable
+    seal: Callable[[str, bool], None] = effects.seal_dir
 
 
 def _nothing() -> None:

@@ -38,7 +38,8 @@ def detach_pool(ctx: StageContext, name: str, record: PoolAttachment) -> None:
     for d in sorted(set(record.created_dirs) - set(removable)):
         log.warning("kept a recorded directory that is no mount of the pool",
                     pool=name, directory=d)
-    removed = remove_mount_points(removable, ctx.seams.mountinfo)
+    removed = remove_mount_points(removable, ctx.seams.mountinfo, sealed=ctx.seams.sealed,
+                                  seal=ctx.seams.seal)
     for d in removed:
         ctx.act(name, "rmdir", d, "mount directory kvagent created")
 

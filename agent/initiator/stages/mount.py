@@ -8,6 +8,11 @@ and came back as a new device), is unmounted (never lazily) and mounted again (l
 recovery, counted in ``PoolAttachment.recoveries``), one mounted without project quotas
 (by an older kvagent) is mounted again with them while nothing holds it, and one whose
 namespace grew is grown (:mod:`agent.initiator.xfsmount`).
+
+Before anything is mounted on a mount point, the directory itself is sealed (made
+immutable: :mod:`agent.immutable`), so that while the pool is not mounted
+(before the agent's first pass after a boot, after an outage unmounted it) an engine's
+writes there fail with EPERM instead of filling the host's root filesystem.
 """
 
 from __future__ import annotations
@@ -58,12 +63,29 @@ def mount_volume(ctx: StageContext, pool: InitiatorPool, v: Volume,
             record.created_dirs += missing  # recorded before they are made
             ctx.checkpoint()
         create_mount_point(v.mount)
+        seal_mount_point(ctx, pool.name, v.mount)
     options = with_project_quota(pool.mount_options)
     if ensure_mounted(v.device, v.mount, options, ctx.runner, ctx.seams.mountinfo,
                       ctx.seams.devnum, timeout=QUOTACHECK_TIMEOUT
                       if wants_project_quota(options) else 120):
         ctx.act(pool.name, "mount", v.mount, v.device)
     _mounted(ctx, pool, v.device, v.mount, v.size, record)
+
+
+def seal_mount_point(ctx: StageContext, pool: str, mount: str) -> None:
+    """Make the directory ``mount`` immutable while nothing is mounted on it (read first:
+    a sealed one is left alone). Where the filesystem has no such attribute, or the
+    agent may not set it (no CAP_LINUX_IMMUTABLE), the mount goes ahead unsealed."""
+    try:
+        if ctx.seams.sealed(mount) is not False:
+            return
+        ctx.seams.seal(mount, True)
+    except OSError as exc:
+        log.info("mount point left writable while unmounted: its immutable attribute "
+                 "cannot be set", pool=pool, mount=mount, error=str(exc))
+        return
+    log.info("sealed the mount point: nothing can be written into it while the pool is "
+             "not mounted on it", pool=pool, mount=mount)
 
 
 def _remount_for_quota(ctx: StageContext, pool: InitiatorPool, device: str,
@@ -89,6 +111,7 @@ def _remount_for_quota(ctx: StageContext, pool: InitiatorPool, device: str,
         ctx.act(pool.name, "mount", mount, f"{detail}: {exc.message}", status="skipped")
         return
     ctx.act(pool.name, "umount", mount, "to mount it again with project quotas")
+    seal_mount_point(ctx, pool.name, mount)
     ensure_mounted(device, mount, options, ctx.runner, ctx.seams.mountinfo,
                    ctx.seams.devnum, timeout=QUOTACHECK_TIMEOUT)
     ctx.act(pool.name, "mount", mount, detail)
@@ -136,6 +159,7 @@ def _recover(ctx: StageContext, pool: InitiatorPool, device: str, mount: str,
             "every call on it fails with EIO until then; stop or restart what uses it "
             "(the engine recomputes meanwhile); kvagent mounts it again at its next pass, "
             "never lazily") from None
+    seal_mount_point(ctx, pool.name, mount)
     options = with_project_quota(pool.mount_options)
     ensure_mounted(device, mount, options, ctx.runner, ctx.seams.mountinfo,
                    ctx.seams.devnum, timeout=QUOTACHECK_TIMEOUT

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from agent import failpoints
 from agent.config import Config, parse_config
 from agent.initiator.filesystem import XfsSuperblock
 from agent.initiator.nvme.cli import NvmeCli
@@ -138,6 +139,9 @@ class FakeHost:
         #: the transparent-huge-page mode, and how often it was read
         self.thp = "madvise"
         self.thp_reads = 0
+        #: directories made immutable through the seam (the real attribute would refuse
+        #: the fake mount's stand-in writes into them)
+        self.sealed: set[str] = set()
 
     # ------------------------------------------------------------ wiring
     @property
@@ -150,7 +154,17 @@ class FakeHost:
                          superblock=lambda d: self.superblocks.get(d),
                          volume_slaves=self.volume_slaves, wallclock=lambda: 1e9 + self.now,
                          shut_down=lambda m: m in self.shutdown, geometry=self.geometry,
-                         users=lambda m: self.users.get(m, []), thp=self.read_thp)
+                         users=lambda m: self.users.get(m, []), thp=self.read_thp,
+                         sealed=lambda d: d in self.sealed, seal=self._seal)
+
+    def _seal(self, path: str, on: bool) -> None:
+        """The immutable attribute set or cleared, a step as the real effect's."""
+        if on:
+            self.sealed.add(path)
+            failpoints.step("dir.seal", path)
+        else:
+            self.sealed.discard(path)
+            failpoints.step("dir.unseal", path)
 
     def read_thp(self) -> str:
         self.thp_reads += 1

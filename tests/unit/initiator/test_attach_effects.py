@@ -149,3 +149,37 @@ def test_every_engine_with_quotas_and_a_cleaner_converges_to_no_step(
     again = quota_run(h, pools)
     assert again.ok and not again.changed, again.actions
     assert steps() == []
+
+
+def test_mount_points_are_sealed_before_the_mount_and_unsealed_before_removal(
+        host: FakeHost, steps: Steps) -> None:
+    """Issue 36: while a pool is not mounted its mount point refuses writes (immutable):
+    each is sealed once, before anything is mounted on it; a detach unseals it, then
+    removes it."""
+    assert run(host, pool_yaml(host)).ok
+    mounts = sorted(host.mounts())
+    assert mounts and host.sealed == set(mounts)
+    cold = steps()
+    for m in mounts:
+        seal = cold.index(("dir.seal", m))
+        assert ("dir.make", m) in cold[:seal], "sealed after it was made"
+    assert run(host, pool_yaml(host)).ok
+    assert steps() == [], "a sealed mount point is left alone"
+    assert run(host).ok
+    gone = steps()
+    for m in mounts:
+        assert gone.index(("dir.unseal", m)) < gone.index(("dir.remove", m)), gone
+    assert host.sealed == set()
+
+
+def test_a_mount_point_that_cannot_be_sealed_is_mounted_all_the_same(
+        host: FakeHost, steps: Steps, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No CAP_LINUX_IMMUTABLE (an older unit), or a filesystem without the attribute:
+    the mount goes ahead, the pass is ok."""
+    def refuse(path: str, on: bool) -> None:
+        raise PermissionError(1, "Operation not permitted", path)
+
+    monkeypatch.setattr(host, "_seal", refuse)
+    result = run(host, pool_yaml(host))
+    assert result.ok and host.mounts() and host.sealed == set()
+    assert not [k for k, _ in steps() if k == "dir.seal"]

@@ -12,6 +12,7 @@ cap while another engine still writes.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,11 +130,47 @@ def test_a_pool_crosses_the_network_under_the_shipped_unit(fleet: Fleet,
     assert any(limit - (2 << 20) <= cap <= limit for limit in limits), (cap, quota)
     fleet.sh("gpu1", f"dd if=/dev/zero of={ns1}/sglang/beside bs=1M count=8 oflag=direct")
 
+    # /metrics and /readyz under the unit (the health endpoint on 127.0.0.1).
+    metrics = fleet.sh("gpu1", "curl -sf http://127.0.0.1:9808/metrics").stdout
+    assert re.search(r'^kvagent_pool_ready\{[^}]*pool="kv"[^}]*\} 1\.0$', metrics, re.M), \
+        metrics[-2000:]
+    assert "kvagent_stray_controllers 0.0" in metrics
+    fleet.sh("storage1", "curl -sf http://127.0.0.1:9808/readyz")
+
     # Nothing the agent logged is a warning or worse (the journal's priorities).
     for name in ("storage1", "gpu1"):
         worse = fleet.sh(name, "journalctl -u kvagent -b -p warning -q --no-pager",
                          check=False).stdout
         assert worse.strip() == "", f"{name}: {worse}"
+    score = fleet.sh("gpu1", "systemd-analyze security kvagent.service --no-pager | tail -1"
+                     ).stdout.strip()
+    print(f"KVAGENT-CI-LOG: fleet: the unit as shipped, systemd 252: {score}")
+
+
+@pytest.mark.usefixtures("vm_slot")
+def test_the_watchdog_restarts_a_hung_agent_and_nothing_is_torn_down(fleet: Fleet) -> None:
+    """A hung agent (SIGSTOP) stops its watchdog pings: systemd kills it after WatchdogSec
+    and starts it again (Restart=on-failure); the mounts and controllers stay as they
+    were throughout, and the new agent finds the pool ready with nothing to do."""
+    attach_kv(fleet)
+    assert fleet.sh("gpu1", "systemctl show -P WatchdogUSec kvagent").stdout.strip() == "1min"
+    before = fleet.sh("gpu1", "findmnt -rn -t xfs -o TARGET,SOURCE; cat /sys/class/nvme/*/"
+                              "subsysnqn").stdout
+    pid = fleet.sh("gpu1", "systemctl show -P MainPID kvagent").stdout.strip()
+    t0 = time.monotonic()
+    fleet.sh("gpu1", f"kill -STOP {pid}")
+    wait_until(lambda: fleet.sh("gpu1", "systemctl show -P MainPID kvagent").stdout.strip()
+               not in (pid, "0"), fleet, "systemd restarted the hung agent", timeout=300)
+    restarted = time.monotonic() - t0
+    journal = fleet.sh("gpu1", "journalctl -u kvagent -b -q --no-pager -o cat").stdout
+    assert "Watchdog timeout" in journal, journal[-3000:]
+    status = fleet.wait_pools_ready("gpu1")
+    assert all(p["ready"] for p in status["pools"])
+    after = fleet.sh("gpu1", "findmnt -rn -t xfs -o TARGET,SOURCE; cat /sys/class/nvme/*/"
+                             "subsysnqn").stdout
+    assert after == before, (before, after)
+    print(f"KVAGENT-CI-LOG: fleet: a hung agent (SIGSTOP) restarted by systemd's watchdog "
+          f"{restarted:.0f}s later (WatchdogSec=1min); mounts and controllers untouched")
 
 
 #: A stand-in engine: writes into its cache directory as soon as it starts.

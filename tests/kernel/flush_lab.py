@@ -251,7 +251,7 @@ initiator:
         self.loops = []
         # The mount points go too, as on the first boot: every pass then starts alike.
         for path in ("run", "mnt"):
-            kit.sh("rm", "-rf", "--one-file-system", str(self.root / path))
+            kit.remove_tree(self.root / path, "--one-file-system")
         return log
 
     def mount_copy(self, log: Log, upto: int) -> None:

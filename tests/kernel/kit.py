@@ -42,6 +42,15 @@ def sh(*argv: str, check: bool = True, timeout: float = 60,
     return proc
 
 
+def remove_tree(path: str | Path, *extra: str) -> None:
+    """``rm -rf`` of a tree that may hold mount points kvagent sealed (immutable while
+    unmounted: agent/immutable.py): their attribute cleared first. ``extra``: more
+    options for rm (e.g. --one-file-system)."""
+    if os.path.lexists(path):
+        sh("chattr", "-R", "-f", "-i", str(path), check=False, timeout=120)
+    sh("rm", "-rf", *extra, str(path))
+
+
 def prepare_apt() -> None:
     """apt's directories: virtme-ng mounts empty tmpfs on /var/cache and /var/lib/apt.
 

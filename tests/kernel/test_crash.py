@@ -179,7 +179,7 @@ def detach_gpu(lab: Lab) -> None:
         kit.wait_for(lambda: not fabrics(), 30, what="fabrics controllers to go")
     for p in ("initiator.json", "probes", "engines"):
         kit.sh("rm", "-rf", str(lab.state / p))
-    kit.sh("rm", "-rf", str(lab.root / "mnt"))
+    kit.remove_tree(lab.root / "mnt")
 
 
 def blank_namespaces(lab: Lab) -> None:

@@ -4,17 +4,21 @@ Everything here runs on the controller only and writes only under tmp_path:
 ansible-lint (production profile, offline), ``ansible-playbook --syntax-check``,
 the role's config tasks against the example inventory with a local connection
 (the template's ``validate`` runs this checkout's ``kvagent config validate``),
-its identity tasks against a scratch ``nvme_dir``, and the source packer.
+its identity tasks against a scratch ``nvme_dir``, the source packer, and the
+rolling upgrade's order and /readyz gate against stand-in health endpoints.
 """
 
 from __future__ import annotations
 
+import http.server
 import os
 import re
 import subprocess
 import sys
 import tarfile
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -99,6 +103,7 @@ def test_ansible_lint_sees_the_role(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("playbook", "inventory"), [
     ("site.yml", "inventory/example"),
+    ("upgrade.yml", "inventory/example"),
     ("tests/localhost.yml", "tests/inventory.yml"),
 ])
 def test_playbook_syntax(tmp_path: Path, playbook: str, inventory: str) -> None:
@@ -391,6 +396,7 @@ SERVICE_PLAY = """\
     kvagent_systemd_unit_dir: {root}/system
     kvagent_modules_load_dir: {root}/modules-load.d
     kvagent_tmpfiles_dir: {root}/tmpfiles.d
+    kvagent_udev_rules_dir: {root}/udev/rules.d
     kvagent_manage_service: false
     kvagent_load_modules: false
   tasks:
@@ -444,6 +450,31 @@ def test_deb_method_installs_only_the_drop_in(tmp_path: Path) -> None:
     installed = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     assert installed == ["system/kvagent-pool@.service.d/kvagent-role.conf",
                          "system/kvagent.service.d/kvagent-role.conf"]
+
+
+@needs_root
+def test_gpu_hosts_get_nvme_clis_autoconnect_rule_masked_and_storage_hosts_do_not(
+        tmp_path: Path) -> None:
+    """kvagent_mask_nvme_autoconnect (default: kv_gpu hosts): the rule links to /dev/null,
+    the second run changes nothing (docs/operations.md, "nvme-cli's autoconnect rule")."""
+    root = tmp_path / "etc"
+    play = tmp_path / "service.yml"
+    play.write_text(SERVICE_PLAY.format(root=root, method="deb"))
+    inventory = tmp_path / "hosts.yml"
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory.write_text(yaml.safe_dump({"all": {"children": {
+        "kv_gpu": {"hosts": {"gpu": local}}, "kv_storage": {"hosts": {"stor": local}}}}}))
+    rule = root / "udev/rules.d/70-nvmf-autoconnect.rules"
+    for run, changed in ((1, True), (2, False)):
+        result = _playbook(tmp_path, "-i", str(inventory), "--limit", "gpu", str(play))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert rule.is_symlink() and os.readlink(rule) == "/dev/null"
+        assert (re.search(r"gpu\s*:.*changed=0", result.stdout) is None) == changed, (
+            run, result.stdout[-1500:])
+    rule.unlink()
+    result = _playbook(tmp_path, "-i", str(inventory), "--limit", "stor", str(play))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not rule.exists() and not rule.is_symlink()
 
 
 METHOD_PLAY = """\
@@ -625,3 +656,119 @@ def test_secrets_are_written_0600_never_logged_and_idempotent(tmp_path: Path) ->
     assert read_secret(str(keys / "gpu-1.key")).text == vaulted  # also checks mode and owner
     assert read_secret(str(keys / "gpu-2.key")).text == on_controller
     assert oct(keys.stat().st_mode & 0o777) == "0o700"
+
+
+# --- the rolling upgrade (ansible/upgrade.yml) -------------------------------------------
+
+
+def _upgrade_play() -> dict:
+    """upgrade.yml's play that runs the role (the other is the pre-flight)."""
+    plays = yaml.safe_load((ANSIBLE / "upgrade.yml").read_text())
+    (play,) = [p for p in plays if p.get("roles")]
+    return play
+
+
+def test_upgrade_play_goes_one_host_at_a_time_and_stops_at_a_failure() -> None:
+    plays = yaml.safe_load((ANSIBLE / "upgrade.yml").read_text())
+    site = yaml.safe_load((ANSIBLE / "site.yml").read_text())
+    # The same pre-flight as site.yml: every identity known before the first batch.
+    assert plays[0]["tasks"] == site[0]["tasks"]
+    assert plays[0]["hosts"] == site[0]["hosts"] and plays[0]["any_errors_fatal"] is True
+    play = _upgrade_play()
+    assert play["hosts"] == site[1]["hosts"]
+    assert play["serial"] == "{{ kvagent_upgrade_serial | default(1) }}"
+    assert play["max_fail_percentage"] == 0
+    assert play["roles"] == [{"role": "kvagent"}]
+    assert [t["ansible.builtin.include_role"] for t in play["post_tasks"]] == [
+        {"name": "kvagent", "tasks_from": "ready.yml"}]
+
+
+class _Readyz(http.server.ThreadingHTTPServer):
+    """A stand-in for kvagent's health endpoint on loopback: /readyz answers ``answers``
+    in turn (the last one for good); ``asked`` counts the requests."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _ReadyzHandler)
+        self.answers = [(200, "ready: 1 pool(s) ready\n")]
+        self.asked = 0
+
+
+class _ReadyzHandler(http.server.BaseHTTPRequestHandler):
+    server: _Readyz
+
+    def do_GET(self) -> None:
+        code, body = self.server.answers[min(self.server.asked, len(self.server.answers) - 1)]
+        self.server.asked += 1
+        data = body.encode()
+        self.send_response(code if self.path == "/readyz" else 404)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def readyz() -> Iterator[list[_Readyz]]:
+    """Three stand-in health endpoints, one per host of the rollout below."""
+    servers = [_Readyz() for _ in range(3)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield servers
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def _rollout(tmp: Path, servers: list[_Readyz],
+             *args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """upgrade.yml's upgrade play as written (serial, max_fail_percentage, the gate), the
+    role replaced by a task that records the host's turn, against three local hosts
+    whose kvagent_health_listen are the stand-in endpoints; the hosts in turn order."""
+    turns = tmp / "turns"
+    play = {**_upgrade_play()}
+    del play["roles"]
+    play["tasks"] = [{"name": "Record this host's turn", "ansible.builtin.lineinfile": {
+        "path": str(turns), "line": "{{ inventory_hostname }}", "create": True,
+        "mode": "0644"}}]
+    (tmp / "upgrade.yml").write_text(yaml.safe_dump([play], sort_keys=False))
+    hosts = {f"h{i}": {"kvagent_health_listen": f"127.0.0.1:{s.server_address[1]}"}
+             for i, s in enumerate(servers, 1)}
+    inventory = tmp / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                 "ansible_become": False, "kvagent_ready_retries": 2,
+                 "kvagent_ready_delay": 0},
+        "children": {"kv_storage": {"hosts": {h: hosts[h] for h in ("h1", "h2")}},
+                     "kv_gpu": {"hosts": {"h3": hosts["h3"]}}},
+    }}))
+    result = _playbook(tmp, "-i", str(inventory), *args, str(tmp / "upgrade.yml"))
+    return result, turns.read_text().split() if turns.exists() else []
+
+
+def test_rollout_waits_for_each_hosts_readyz_in_turn(tmp_path: Path,
+                                                     readyz: list[_Readyz]) -> None:
+    # h2 is not ready at first: its gate asks again, and h3 waits for it.
+    readyz[1].answers = [(503, "not ready: 1 of 1 pool(s) not ready\n"),
+                         (200, "ready: 1 pool(s) ready\n")]
+    result, turns = _rollout(tmp_path, readyz)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert turns == ["h1", "h2", "h3"]
+    assert [s.asked for s in readyz] == [1, 2, 1]
+    # one host per batch: a play section per host
+    assert result.stdout.count("PLAY [Upgrade kvagent one host at a time") == 3, result.stdout
+
+
+@pytest.mark.parametrize("serial", [1, 2])
+def test_rollout_stops_at_a_host_that_does_not_become_ready(
+        tmp_path: Path, readyz: list[_Readyz], serial: int) -> None:
+    """h2 never becomes ready: the rollout stops there, h3 untouched, also when h2 shares
+    its batch with h1 (kvagent_upgrade_serial=2: max_fail_percentage 0 stops the play)."""
+    readyz[1].answers = [(503, "not ready: 1 of 1 pool(s) not ready\n"
+                               "initiator pool kv: no live controller\n")]
+    result, turns = _rollout(tmp_path, readyz, "-e", f"kvagent_upgrade_serial={serial}")
+    assert result.returncode != 0, result.stdout
+    assert sorted(turns) == ["h1", "h2"]  # h3 untouched
+    assert [s.asked for s in readyz] == [1, 3, 0]  # the first try and kvagent_ready_retries
+    assert "initiator pool kv: no live controller" in result.stdout, result.stdout

@@ -437,6 +437,27 @@ def test_systemd_files_are_installed_for_this_venv_and_config(tmp_path: Path) ->
 
 
 @needs_root
+@pytest.mark.parametrize(("version", "protect_clock_off"), [("249", True), ("252", False)])
+def test_the_drop_in_turns_protect_clock_off_before_systemd_252(
+        tmp_path: Path, version: str, protect_clock_off: bool) -> None:
+    """Before systemd 252 the unit's ProtectClock=yes implies a device allow-list that
+    refuses /dev/nvme-fabrics and block devices: the role's drop-in turns it off there."""
+    root = tmp_path / "etc"
+    play = tmp_path / "service.yml"
+    play.write_text(SERVICE_PLAY.format(root=root, method="deb"))
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"h": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+        "kvagent_systemd_version": version}}}}))
+    result = _playbook(tmp_path, "-i", str(inventory), str(play))
+    assert result.returncode == 0, result.stdout + result.stderr
+    for unit in ("kvagent.service.d", "kvagent-pool@.service.d"):
+        dropin = (root / "system" / unit / "kvagent-role.conf").read_text()
+        assert ("\nProtectClock=no\n" in dropin) is protect_clock_off, dropin
+        assert "Environment=KVAGENT_CONFIG=/srv/kv/etc/agent.yaml\n" in dropin
+
+
+@needs_root
 def test_deb_method_installs_only_the_drop_in(tmp_path: Path) -> None:
     """The package brings the unit, modules-load.d and tmpfiles.d files: the role adds none."""
     root = tmp_path / "etc"

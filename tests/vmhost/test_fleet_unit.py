@@ -142,9 +142,22 @@ def test_a_pool_crosses_the_network_under_the_shipped_unit(fleet: Fleet,
         worse = fleet.sh(name, "journalctl -u kvagent -b -p warning -q --no-pager",
                          check=False).stdout
         assert worse.strip() == "", f"{name}: {worse}"
+    # The sandbox as it is, not as it reads: the agent shares PID 1's mount namespace (its
+    # mounts are the host's) but has a UTS namespace of its own (ProtectHostname=), under
+    # a seccomp filter with no_new_privs. Everything above (devices, LVM, mkfs, mounts,
+    # quotas, pyudev's ctypes) ran with ProtectClock= and MemoryDenyWriteExecute= on.
+    for name in ("storage1", "gpu1"):
+        pid = fleet.sh(name, "systemctl show -P MainPID kvagent").stdout.strip()
+        ns = fleet.sh(name, f"readlink /proc/1/ns/mnt /proc/{pid}/ns/mnt /proc/1/ns/uts "
+                            f"/proc/{pid}/ns/uts").stdout.split()
+        assert ns[0] == ns[1] and ns[2] != ns[3], (name, ns)
+        seccomp = fleet.sh(name, f"grep -E '^(Seccomp|NoNewPrivs):' /proc/{pid}/status"
+                           ).stdout.split()
+        assert seccomp == ["NoNewPrivs:", "1", "Seccomp:", "2"], (name, seccomp)
     score = fleet.sh("gpu1", "systemd-analyze security kvagent.service --no-pager | tail -1"
                      ).stdout.strip()
     print(f"KVAGENT-CI-LOG: fleet: the unit as shipped, systemd 252: {score}")
+    assert re.search(r"level for kvagent\.service: [0-4]\.[0-9]|: 5\.[01] ", score), score
 
 
 @pytest.mark.usefixtures("vm_slot")

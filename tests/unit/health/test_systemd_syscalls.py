@@ -11,8 +11,8 @@ syscall-filter``; tests/syscallfilter.py) and check
 - that every module doing such things declares them;
 - every system call behind the Python wrappers kvagent calls (``os.open`` → ``openat``,
   ...; pathlib, ``open()`` and io use the same ones), mapped here once;
-- what the unit says it refuses stays refused, and ProtectClock='s own protections are
-  there without it.
+- what the unit says it refuses stays refused, and ProtectClock= is set with no device
+  allow-list of the unit's own (its protections hold without it too).
 
 They FAIL (never skip) without systemd-analyze. The real-kernel proof (the quota calls
 on an xfs under a seccomp filter built from the same list): tests/kernel/
@@ -22,6 +22,7 @@ test_unit_seccomp.py.
 from __future__ import annotations
 
 import ast
+import re
 
 from tests.syscallfilter import UNIT, allowed_by, declared, expand, modules
 
@@ -253,15 +254,21 @@ def test_the_unit_refuses_what_it_says_it_refuses() -> None:
         assert call not in allow, call
 
 
-def test_protect_clock_is_left_out_and_its_protections_are_there() -> None:
-    """ProtectClock=yes implies DeviceAllow=char-rtc r before systemd 252 (Ubuntu 22.04:
-    249, RHEL 9.0/9.1: 250), a device allow-list refusing /dev/nvme-fabrics, /dev/nvme*
-    and block devices. Its other effects are the unit's anyway: the clock-setting calls
-    are outside the allow-list, CAP_SYS_TIME and CAP_WAKE_ALARM outside the bounding set."""
+def test_protect_clock_is_set_with_no_device_allow_list_of_its_own() -> None:
+    """ProtectClock=yes, and no device list of the unit's own (DevicePolicy=, DeviceAllow=,
+    PrivateDevices=: they would refuse device majors registered after the unit started).
+    Before systemd 252 ProtectClock= implied DeviceAllow=char-rtc r, which refuses
+    /dev/nvme-fabrics and block devices: the package breaks such a systemd and the role
+    turns it off there (tests/unit/test_ansible.py). Its protections hold without it too:
+    the clock-setting calls are outside the allow-list, CAP_SYS_TIME and CAP_WAKE_ALARM
+    outside the bounding set."""
+    assert unit_values("ProtectClock") == ["yes"]
     directives = {ln.split("=", 1)[0] for ln in UNIT.read_text().splitlines()
                   if ln and ln[0].isalpha() and "=" in ln}
-    device_lists = {"ProtectClock", "DeviceAllow", "DevicePolicy", "PrivateDevices"}
+    device_lists = {"DeviceAllow", "DevicePolicy", "PrivateDevices"}
     assert not directives & device_lists, sorted(directives & device_lists)
     assert not expand(["@clock"]) & allowed()
     caps = set(unit_values("CapabilityBoundingSet"))
     assert caps and not caps & {"CAP_SYS_TIME", "CAP_WAKE_ALARM"}, caps
+    control = (UNIT.parents[1] / "debian" / "control").read_text()
+    assert re.search(r"^Breaks:\s*\n?\s*systemd \(<< 252\)", control, re.M), control

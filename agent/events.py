@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -156,7 +157,41 @@ RECEIVE_BUFFER = 16 * 1024 * 1024
 #: The system calls the udev monitor this module starts makes (pyudev: libudev's
 #: netlink socket, read in pyudev's observer thread, which polls it and a pipe); the
 #: unit's SystemCallFilter must allow them (tests/unit/health/test_systemd_syscalls.py).
-SYSCALLS = ("socket", "bind", "setsockopt", "getsockname", "recvmsg", "poll", "pipe2")
+SYSCALLS = ("socket", "bind", "setsockopt", "getsockopt", "getsockname", "recvmsg", "poll",
+            "pipe2")
+#: NETLINK_KOBJECT_UEVENT: the protocol of udev's monitor socket.
+NETLINK_KOBJECT_UEVENT = 15
+
+
+def grow_receive_buffer(monitor: Any, size: int = RECEIVE_BUFFER) -> int:
+    """Ask for a ``size``-byte receive buffer on the udev monitor's socket; the size the
+    kernel then reports (0: unknown).
+
+    libudev asks with SO_RCVBUFFORCE, which needs CAP_NET_ADMIN; the shipped unit leaves
+    that capability out, so there the buffer is asked with SO_RCVBUF, which the kernel
+    caps at ``net.core.rmem_max`` (twice Debian's default buffer with its defaults; more
+    where an operator raised rmem_max)."""
+    try:
+        monitor.set_receive_buffer_size(size)
+    except Exception as exc:  # EPERM without CAP_NET_ADMIN
+        forced = str(exc)
+    else:
+        forced = ""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_KOBJECT_UEVENT,
+                         fileno=monitor.fileno())
+    try:
+        if forced:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+        got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    except OSError as exc:
+        log.info("udev receive buffer left at its default", error=str(exc))
+        return 0
+    finally:
+        sock.detach()  # (the monitor's socket: pyudev closes it)
+    if forced:
+        log.info("udev receive buffer capped by net.core.rmem_max (no CAP_NET_ADMIN)",
+                 asked=size, got=got, error=forced)
+    return got
 
 #: At most this many events are kept per batch (the rest only counted).
 BATCH_KEEP = 64
@@ -238,10 +273,7 @@ class UdevFeed:
             # What kvagent reads of an event (its action, name, NVME_AEN) is the
             # kernel's; udev's filter applies to kernel messages in user space.
             monitor = pyudev.Monitor.from_netlink(context, source="kernel")
-            try:  # a storm overflows the default buffer (lost events, seen under TCG)
-                monitor.set_receive_buffer_size(RECEIVE_BUFFER)
-            except Exception as exc:
-                log.info("udev receive buffer left at its default", error=str(exc))
+            grow_receive_buffer(monitor)  # (a storm overflows the default: lost events)
             monitor.filter_by("block")
             monitor.filter_by("nvme")
             self._observer = pyudev.MonitorObserver(monitor, callback=self._on_device,

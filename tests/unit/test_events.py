@@ -539,3 +539,41 @@ def test_only_an_aen_can_bring_new_subsystems(events: list[DeviceEvent], dropped
     from agent.events import Batch
 
     assert Batch(events, dropped).rediscover is expected
+
+
+class _Monitor:
+    """A udev monitor's socket (a real NETLINK_KOBJECT_UEVENT socket, not bound) whose
+    SO_RCVBUFFORCE request fails as it does without CAP_NET_ADMIN, or succeeds."""
+
+    def __init__(self, forced: bool):
+        import socket
+
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 15)
+        self.forced = forced
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def set_receive_buffer_size(self, size: int) -> None:
+        if not self.forced:
+            raise PermissionError(1, "Operation not permitted")
+
+
+def test_without_cap_net_admin_the_udev_buffer_grows_to_rmem_max() -> None:
+    """Under the shipped unit (no CAP_NET_ADMIN) libudev's SO_RCVBUFFORCE fails: the
+    buffer is then asked with SO_RCVBUF, which the kernel caps at rmem_max (doubled)."""
+    import socket
+
+    from agent.events import grow_receive_buffer
+
+    rmem_max = int(Path("/proc/sys/net/core/rmem_max").read_text())
+    monitor = _Monitor(forced=False)
+    default = monitor.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    got = grow_receive_buffer(monitor, size=16 << 20)
+    assert got == monitor.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    assert got == 2 * min(16 << 20, rmem_max) and got > default, (got, default, rmem_max)
+    monitor.sock.getsockname()  # the monitor's socket is still open (detached, not closed)
+
+    forced = _Monitor(forced=True)  # SO_RCVBUFFORCE worked: nothing more is asked
+    assert grow_receive_buffer(forced, size=16 << 20) == forced.sock.getsockopt(
+        socket.SOL_SOCKET, socket.SO_RCVBUF) == default

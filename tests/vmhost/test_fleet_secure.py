@@ -1,0 +1,234 @@
+"""DH-HMAC-CHAP and NVMe/TCP TLS across two machines on Debian 13's 6.12, each kvagent
+installed from its .deb and run by its unit (``systemctl``, nothing else): a storage
+machine and two GPU machines, one per way of securing a pool.
+
+The machines are scripts/fleet's Debian 12 image booted with its second kernel (6.12:
+nvmet auth and TLS). Debian 12 has neither tlshd nor an nvme-cli that puts TLS keys in
+the kernel keyring, so the TLS machines (storage1, gpu2) get Debian 13's (the tree
+scripts/fetch-tls-tools unpacks, run with Debian 13's own loader), installed as an
+operator would: nvme-cli 2.13 first on the PATH, tlshd as a service with
+``keyrings=.nvme``. gpu1 keeps Debian 12's nvme-cli. The GPU machines have nvme-cli's
+autoconnect rule masked, as the Ansible role does on GPU hosts.
+
+storage1 exports two pools from LVM on its two drives: ``chap`` on a plain port, its
+host gpu1 with DH-HMAC-CHAP both ways (host and controller secrets); ``sec`` on a port
+with ``tls: required``, its host gpu2 with a PSK. (nvmet keeps one set of DH-HMAC-CHAP
+secrets per host NQN, for every subsystem: one GPU host with a secret could not also
+reach a pool without one.) What it shows, under the shipped unit's sandbox (system-call
+filter, capability bounding set, private keyring, ProtectClock=,
+MemoryDenyWriteExecute=):
+
+- both pools mounted and handed off; gpu1's controller authenticated (its
+  dhchap_secret and dhchap_ctrl_secret set), gpu2's over TLS (its tls_key set, tlshd
+  logged the handshakes on both ends); data written with O_DIRECT reads back the same;
+- the agents put the PSKs in the ``.nvme`` keyring themselves (nvme-cli from inside the
+  unit), and the next passes change nothing;
+- after a reboot of gpu2 (keyrings are memory: the PSK is gone) it comes back to its
+  pool by itself, the PSK put back by its agent;
+- nothing any agent logged is a warning or worse.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from .fleet import FLEET, REPO, Fleet
+
+#: Weight: its minutes under TCG beside the tier's other VMs (three 6.12 boots, a copy
+#: of Debian 13's TLS tools to two, two attaches, a reboot): about 8.
+pytestmark = [pytest.mark.vmhost(weight=6), pytest.mark.second_kernel]
+TLS_ROOT = REPO / "build/tls/root"
+KEYS = "/etc/kvagent/keys"
+MNT = "/var/lib/kvcache"
+WRAPPER = """#!/bin/sh
+# Debian 13's {tool}, run with Debian 13's own loader and libraries (/opt/kvagent-tls).
+exec /opt/kvagent-tls/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 \\
+  --library-path /opt/kvagent-tls/usr/lib/x86_64-linux-gnu /opt/kvagent-tls/usr/sbin/{tool} "$@"
+"""
+TLSHD_UNIT = """[Unit]
+Description=Handshake service for kernel TLS consumers (Debian 13's tlshd)
+DefaultDependencies=no
+Before=remote-fs-pre.target
+Wants=remote-fs-pre.target
+
+[Service]
+Type=simple
+ExecStart=/usr/local/sbin/tlshd -c /etc/tlshd.conf
+
+[Install]
+WantedBy=remote-fs.target
+"""
+TLSHD_CONF = "[debug]\nloglevel=1\ntls=0\nnl=0\n[authenticate]\nkeyrings=.nvme\n"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    if not (TLS_ROOT / "usr/sbin/tlshd").exists():
+        pytest.fail("build/tls/root is missing: run scripts/setup (scripts/fetch-tls-tools)")
+    where = tmp_path_factory.mktemp("fleet-secure")
+    machines = Fleet(where, ["storage1:6.12", "gpu1:6.12", "gpu2:6.12"])
+    try:
+        took = machines.up()
+        print(f"KVAGENT-CI-LOG: fleet: storage1, gpu1 and gpu2 (6.12) up in {took:.0f}s")
+        yield machines
+    finally:
+        machines.down()
+
+
+def install_tls_tools(fleet: Fleet, name: str) -> None:
+    """Debian 13's nvme-cli (first on the PATH) and tlshd (a service) on machine ``name``."""
+    tree = subprocess.run(["tar", "-C", str(TLS_ROOT), "-czf", "-", "."], check=True,
+                          capture_output=True).stdout
+    done = subprocess.run([*FLEET, "ssh", str(fleet.where), name,
+                           "mkdir -p /opt/kvagent-tls && tar -xzf - -C /opt/kvagent-tls"],
+                          input=tree, capture_output=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    for tool in ("nvme", "tlshd"):
+        fleet.sh(name, f"cat > /usr/local/sbin/{tool} && chmod 755 /usr/local/sbin/{tool}",
+                 stdin=WRAPPER.format(tool=tool))
+    fleet.sh(name, "cat > /etc/tlshd.conf", stdin=TLSHD_CONF)
+    fleet.sh(name, "cat > /etc/systemd/system/tlshd.service", stdin=TLSHD_UNIT)
+    fleet.sh(name, "systemctl daemon-reload && systemctl enable --now tlshd && "
+                   "nvme version | grep -q 'nvme version 2.1[0-9]'")
+
+
+def copy_key(fleet: Fleet, source: str, target: str, path: str) -> None:
+    secret = fleet.sh(source, f"cat {path}").stdout
+    fleet.sh(target, f"install -d -m 0700 {KEYS} && umask 077 && cat > {path}", stdin=secret)
+
+
+def storage_config(fleet: Fleet) -> str:
+    address = fleet.address("storage1")
+    return f"""version: 1
+node: {{name: storage1, nqn_prefix: nqn.2026-12.io.kvagent.secure}}
+target:
+  ports:
+    - {{name: plain, id: 1, transport: tcp, address: {address}, service: 4420}}
+    - {{name: tls, id: 2, transport: tcp, address: {address}, service: 4421, tls: required}}
+  pools:
+    - name: chap
+      backing: {{kind: lvm, volume_group: vg_chap,
+                devices: [/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_STORAGE10]}}
+      namespaces: {{count: 1, size: 1GiB}}
+      ports: [plain]
+      hosts:
+        - name: gpu1
+          nqn: "{fleet.hostnqn("gpu1")}"
+          auth: {{key_file: {KEYS}/gpu1.chap, ctrl_key_file: {KEYS}/storage1.chap}}
+    - name: sec
+      backing: {{kind: lvm, volume_group: vg_sec,
+                devices: [/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_STORAGE11]}}
+      namespaces: {{count: 1, size: 1GiB}}
+      ports: [tls]
+      hosts: [{{name: gpu2, nqn: "{fleet.hostnqn("gpu2")}", tls: {{key_file: {KEYS}/gpu2.psk}}}}]
+health: {{listen: "127.0.0.1:9808", interval: 5s}}
+"""
+
+
+def gpu_config(fleet: Fleet, name: str) -> str:
+    address = fleet.address("storage1")
+    pool = (f"""    - name: chap
+      target: {{transport: tcp, address: {address}, service: 4420}}
+      mount: {MNT}/chap
+      auth: {{key_file: {KEYS}/gpu1.chap, ctrl_key_file: {KEYS}/storage1.chap}}
+      engines: [{{kind: vllm, capacity: 80%}}]
+""" if name == "gpu1" else f"""    - name: sec
+      target: {{transport: tcp, address: {address}, service: 4421}}
+      mount: {MNT}/sec
+      tls: {{key_file: {KEYS}/gpu2.psk}}
+      engines: [{{kind: sglang, capacity: 80%}}]
+""")
+    return f"""version: 1
+node: {{name: {name}, nqn_prefix: nqn.2026-12.io.kvagent.secure}}
+initiator:
+  pools:
+{pool}health: {{listen: "127.0.0.1:9808", interval: 5s}}
+"""
+
+
+def controller(fleet: Fleet, name: str) -> dict[str, str]:
+    """The one NVMe/TCP I/O controller of machine ``name``: its state and security attributes."""
+    line = ("for c in /sys/class/nvme/nvme*; do n=$(cat $c/subsysnqn); "
+            "[ \"$(cat $c/transport)\" = tcp ] || continue; "
+            "case $n in *discovery) continue;; esac; "
+            "echo \"$n|$(cat $c/state)|$(cat $c/dhchap_secret 2>/dev/null)|"
+            "$(cat $c/dhchap_ctrl_secret 2>/dev/null)|$(cat $c/tls_key 2>/dev/null)\"; done")
+    rows = fleet.sh(name, line).stdout.split()
+    assert len(rows) == 1, (name, rows)
+    nqn, state, secret, ctrl_secret, tls_key = rows[0].split("|")
+    return {"nqn": nqn, "state": state, "dhchap": secret, "dhchap_ctrl": ctrl_secret,
+            "tls_key": tls_key}
+
+
+def roundtrip(fleet: Fleet, name: str, pool: str) -> None:
+    """8 MiB written with O_DIRECT into the pool's mount reads back the same."""
+    mount = fleet.sh(name, f"findmnt -rn -t xfs -o TARGET | grep ^{MNT}/{pool}/").stdout
+    path = f"{mount.split()[0]}/roundtrip"
+    fleet.sh(name, f"head -c 8M /dev/urandom > /run/rt && dd if=/run/rt of={path} bs=1M "
+                   f"oflag=direct status=none && echo 3 > /proc/sys/vm/drop_caches && "
+                   f"cmp /run/rt {path} && rm -f {path} /run/rt")
+
+
+def psks_in_keyring(fleet: Fleet, name: str) -> list[str]:
+    return [ln for ln in fleet.sh(name, "cat /proc/keys").stdout.splitlines()
+            if " psk " in ln]
+
+
+@pytest.mark.usefixtures("vm_slot")
+def test_dh_hmac_chap_and_tls_across_machines_under_the_shipped_unit(fleet: Fleet) -> None:
+    for name in ("storage1", "gpu2"):
+        install_tls_tools(fleet, name)
+    for name in ("gpu1", "gpu2"):
+        fleet.sh(name, "ln -sf /dev/null /etc/udev/rules.d/70-nvmf-autoconnect.rules && "
+                       "udevadm control --reload")
+    fleet.sh("storage1", f"install -d -m 0700 {KEYS} && "
+                         f"kvagent keys generate {KEYS}/gpu1.chap && "
+                         f"kvagent keys generate {KEYS}/storage1.chap && "
+                         f"kvagent keys generate --tls {KEYS}/gpu2.psk")
+    for key, gpu in (("gpu1.chap", "gpu1"), ("storage1.chap", "gpu1"), ("gpu2.psk", "gpu2")):
+        copy_key(fleet, "storage1", gpu, f"{KEYS}/{key}")
+
+    fleet.configure("storage1", storage_config(fleet))
+    fleet.wait_pools_ready("storage1")
+    nvmet = "/sys/kernel/config/nvmet"
+    assert fleet.sh("storage1", f"cat {nvmet}/ports/2/addr_tsas {nvmet}/ports/2/addr_treq"
+                    ).stdout.split() == ["tls1.3", "required"]
+    for name in ("gpu1", "gpu2"):
+        fleet.configure(name, gpu_config(fleet, name))
+    for name in ("gpu1", "gpu2"):
+        fleet.wait_pools_ready(name)
+
+    chap, sec = controller(fleet, "gpu1"), controller(fleet, "gpu2")
+    assert ":chap:" in chap["nqn"] and ":sec:" in sec["nqn"], (chap, sec)
+    assert chap["state"] == sec["state"] == "live", (chap, sec)
+    assert chap["dhchap"].startswith("DHHC-1:") and chap["dhchap_ctrl"].startswith("DHHC-1:")
+    assert sec["tls_key"] not in ("", "none") and chap["tls_key"] in ("", "none"), (chap, sec)
+    for name in ("storage1", "gpu2"):  # the handshake, on both ends
+        log = fleet.sh(name, "journalctl -u tlshd -b -q --no-pager -o cat").stdout
+        assert "was successful" in log, f"{name}: {log[-2000:]}"
+        assert psks_in_keyring(fleet, name), f"{name}: no PSK in the keyring"
+    roundtrip(fleet, "gpu1", "chap")
+    roundtrip(fleet, "gpu2", "sec")
+
+    # gpu2 reboots: its keyring (memory) loses the PSK; its agent puts it back and comes
+    # back to its pool by itself.
+    took = fleet.reboot("gpu2")
+    fleet.wait_pools_ready("gpu2")
+    again = controller(fleet, "gpu2")
+    assert again["state"] == "live" and again["tls_key"] not in ("", "none"), again
+    assert psks_in_keyring(fleet, "gpu2")
+    roundtrip(fleet, "gpu2", "sec")
+    print(f"KVAGENT-CI-LOG: fleet: a DH-HMAC-CHAP pool (both ways) and a TLS 1.3 pool "
+          f"attached under the unit on 6.12; gpu2 rebooted and back on TLS in {took:.0f}s")
+
+    # The passes after the first change nothing, and nothing logged a warning or worse.
+    for name in ("storage1", "gpu1", "gpu2"):
+        plan = json.loads(fleet.sh(name, "kvagent -o json plan").stdout)
+        assert plan["actions"] == [] and not plan["changed"], (name, plan)
+        worse = fleet.sh(name, "journalctl -u kvagent -b -p warning -q --no-pager",
+                         check=False).stdout
+        assert worse.strip() == "", f"{name}: {worse}"

@@ -70,3 +70,36 @@ def test_unicast_goes_to_the_learned_port_only_and_a_stalled_port_stalls_nothing
     for i in range(50):
         send(machines, "b", frame(MAC["a"], MAC["b"], b"still %d" % i))
         assert machines["a"].recv(65536).endswith(b"still %d" % i)
+
+
+def fleet_cli(ends: dict, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(FLEET), args[0], str(ends["_dir"]), *args[1:]],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_a_partition_drops_frames_between_two_machines_both_ways_until_healed(
+        machines: dict) -> None:
+    for name, mac in MAC.items():  # each announces itself: the switch learns all three
+        send(machines, name, frame(BROADCAST, mac, b"hi"))
+    for name in MAC:
+        for _ in range(2):
+            machines[name].recv(65536)
+    assert fleet_cli(machines, "cut", "a", "b").returncode == 0
+    machines["a"].settimeout(0.5)
+    machines["b"].settimeout(0.5)
+    send(machines, "a", frame(MAC["b"], MAC["a"], b"a to b"))
+    send(machines, "b", frame(BROADCAST, MAC["b"], b"b to all"))
+    with pytest.raises(TimeoutError):
+        machines["b"].recv(65536)
+    with pytest.raises(TimeoutError):
+        machines["a"].recv(65536)
+    assert machines["c"].recv(65536).endswith(b"b to all")  # c still hears b
+    send(machines, "c", frame(MAC["a"], MAC["c"], b"c to a"))
+    assert machines["a"].recv(65536).endswith(b"c to a")
+
+    assert fleet_cli(machines, "heal").returncode == 0
+    send(machines, "a", frame(MAC["b"], MAC["a"], b"a to b again"))
+    assert machines["b"].recv(65536).endswith(b"a to b again")
+
+    bad = fleet_cli(machines, "cut", "a", "nosuch")
+    assert bad.returncode != 0 and "two different machines" in bad.stderr, bad.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 
 import click
@@ -26,8 +27,15 @@ def run(ctx: click.Context) -> None:
     node.run_dir while it runs (one agent per run directory), and serves its last
     snapshot to kvagent status on node.run_dir/status.sock (root only).
     """
+    enable_stack_dumps()
     cfg = load_cli_config()
     path = str(config_path(ctx.find_root().obj.get("config_file")))
     agent = Agent(path, cfg)
     agent.install_signals()
     sys.exit(agent.run())
+
+
+def enable_stack_dumps() -> None:
+    """Every thread's Python stack on stderr (the journal) when the agent dies of a fatal
+    signal: systemd's watchdog kills with SIGABRT, so a wedged agent says where it was."""
+    faulthandler.enable(all_threads=True)

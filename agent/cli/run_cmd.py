@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import sys
 
@@ -37,5 +38,8 @@ def run(ctx: click.Context) -> None:
 
 def enable_stack_dumps() -> None:
     """Every thread's Python stack on stderr (the journal) when the agent dies of a fatal
-    signal: systemd's watchdog kills with SIGABRT, so a wedged agent says where it was."""
-    faulthandler.enable(all_threads=True)
+    signal: systemd's watchdog kills with SIGABRT, so a wedged agent says where it was.
+    (Not where stderr is no file, e.g. under click's test runner.)"""
+    # (io.UnsupportedOperation is an OSError and a ValueError)
+    with contextlib.suppress(AttributeError, OSError, ValueError, RuntimeError):
+        faulthandler.enable(all_threads=True)

@@ -5,9 +5,11 @@ for 35 s (keep-alive timeouts on both ends) while the old hub blocked on a full 
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +26,10 @@ def frame(dst: bytes, src: bytes, payload: bytes) -> bytes:
 
 
 @pytest.fixture
-def machines(tmp_path: Path) -> Iterator[dict[str, socket.socket]]:
-    """Three machines' ends (what QEMU's dgram netdev binds) and the switch between them."""
+def machines() -> Iterator[dict[str, socket.socket]]:
+    """Three machines' ends (what QEMU's dgram netdev binds) and the switch between them,
+    in a short directory (a unix socket's path has at most 107 bytes)."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="kvsw-"))
     ends = {}
     for name in MAC:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -44,6 +48,7 @@ def machines(tmp_path: Path) -> Iterator[dict[str, socket.socket]]:
     for s in ends.values():
         if isinstance(s, socket.socket):
             s.close()
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def send(ends: dict, name: str, data: bytes) -> None:

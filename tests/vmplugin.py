@@ -256,12 +256,26 @@ class KernelTier:
         return lines
 
 
+def _slot_weight(node: pytest.Item | pytest.Collector) -> float:
+    marker = node.get_closest_marker("vmhost")
+    return float(marker.kwargs.get("weight", 1)) if marker else 1.0
+
+
 @pytest.fixture
 def vm_slot(request: pytest.FixtureRequest) -> Iterator[None]:
     """Hold one of the kernel tier's VM slots while a host-side test boots VMs itself
     (its ``vmhost(weight=...)`` marker ranks it among the groups)."""
-    marker = request.node.get_closest_marker("vmhost")
-    with SLOTS.held(SLOTS.request(float(marker.kwargs.get("weight", 1)) if marker else 1.0)):
+    with SLOTS.held(SLOTS.request(_slot_weight(request.node))):
+        yield
+
+
+@pytest.fixture(scope="module")
+def fleet_slot(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Hold one VM slot for a whole module whose tests share machines booted once (a
+    fleet): from before the boot until after the teardown. A per-test slot let a group
+    take the slot between two of the module's tests, and the fleet, booted outside any
+    slot, sat idle for a whole group's run with its machines up (more VMs than slots)."""
+    with SLOTS.held(SLOTS.request(_slot_weight(request.node))):
         yield
 
 

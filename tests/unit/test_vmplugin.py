@@ -56,9 +56,12 @@ def test_on_the_host():
 '''
 
 
-def boots(tmp_path: Path, *args: str, tests: str = TESTS, **extra: str) -> list[str]:
+def boots(tmp_path: Path, *args: str, tests: str = TESTS, more: str = "",
+          **extra: str) -> list[str]:
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_sample.py").write_text(tests)
+    if more:
+        (tmp_path / "test_more.py").write_text(more)
     record = tmp_path / "boots.txt"
     record.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVAGENT_")}
@@ -137,6 +140,58 @@ def test_host_side_vm_tests_take_a_slot_by_weight(tmp_path: Path) -> None:
     order = boots(tmp_path, "-m", "kernel or vmhost", "-o", "markers=vmhost", tests=HOST_SIDE,
                   KVAGENT_VM_PARALLEL="1", HOLD_UNTIL_QUEUED="long", QUEUED="2")
     assert order == ["long", "host", "short"]
+
+
+TWO_GROUPS = '''
+import pytest
+
+
+@pytest.mark.kernel(group="long", weight=5)
+def test_long():
+    pass
+
+
+@pytest.mark.kernel(group="short", weight=1)
+def test_short():
+    pass
+'''
+
+FLEET = '''
+import os
+
+import pytest
+
+pytestmark = pytest.mark.vmhost(weight=3)
+
+
+def note(what):
+    with open(os.environ["BOOTS"], "a") as f:
+        f.write(what + "\\n")
+
+
+@pytest.fixture(scope="module")
+def machines(fleet_slot):
+    note("boot")
+    yield
+    note("down")
+
+
+def test_first(machines):
+    note("first")
+
+
+def test_second(machines):
+    note("second")
+'''
+
+
+def test_a_fleet_holds_its_slot_from_boot_to_teardown(tmp_path: Path) -> None:
+    """One slot: a module's machines boot only once the slot is theirs, and keep it
+    across the module's tests (a waiting group does not take it between two of them)."""
+    order = boots(tmp_path, "-m", "kernel or vmhost", "-o", "markers=vmhost", tests=FLEET,
+                  more=TWO_GROUPS, KVAGENT_VM_PARALLEL="1", HOLD_UNTIL_QUEUED="long",
+                  QUEUED="2")
+    assert order == ["long", "boot", "first", "second", "down", "short"]
 
 
 def test_group_vms_get_one_vcpu_unless_told(tmp_path: Path,
@@ -419,7 +474,7 @@ def last_line_of_scripts_test(summary: Path, *flags: str) -> str:
     script = (REPO / "scripts/test").read_text()
     tail = script[script.index("verdict=$("):]
     setup = (f"summary={shlex.quote(str(summary))}; summary_flags=({shlex.join(flags)}); "
-             "start=0; t0=1; t1=3; t2=10; set --\n")
+             "start=0; t0=1; t1=3; t2=10; t3=10; set --\n")
     return subprocess.run(["bash", "-euo", "pipefail", "-c", setup + tail], cwd=REPO,
                           capture_output=True, text=True, check=True).stdout.strip()
 
@@ -436,6 +491,45 @@ def test_scripts_test_names_what_it_left_out_first(tmp_path: Path) -> None:
     summary.write_text(json.dumps({"booted": {"main": 3}, "vmhost": 0, "left_out": []}))
     assert last_line_of_scripts_test(summary).startswith(
         "== scripts/test: all passed: lint, unit tier, kernel tier (1 group, 3 tests); ")
+
+
+def run_scripts_test_from_the_floors(tmp_path: Path, floors_rc: int,
+                                     kernel_rc: int) -> subprocess.CompletedProcess[str]:
+    """scripts/test from the floors' start on, in ``tmp_path`` with stand-ins for
+    scripts/test-floors (exit ``floors_rc``), the kernel tier's pytest (``kernel_rc``) and
+    the tier summary; each stand-in notes when it ran, the floors their nice value."""
+    script = (REPO / "scripts/test").read_text()
+    tail = script[script.index("floors_log=$(mktemp)"):]
+    stubs = {"scripts/test-floors": f"sleep 1; echo floors at nice $(nice) >> order; "
+                                    f"echo floors output; exit {floors_rc}",
+             ".venv/bin/pytest": f"echo kernel tier >> order; exit {kernel_rc}",
+             ".venv/bin/python": "echo 'all passed: stand-ins'"}
+    for path, body in stubs.items():
+        stub = tmp_path / path
+        stub.parent.mkdir(parents=True, exist_ok=True)
+        stub.write_text(f"#!/bin/sh\n{body}\n")
+        stub.chmod(0o755)
+    setup = "start=0; t0=1; t1=3; kernel_tests=kernel; summary_flags=(); set --\n"
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", setup + tail], cwd=tmp_path,
+                          capture_output=True, text=True, check=False)
+
+
+@pytest.mark.parametrize(("floors_rc", "kernel_rc", "rc"), [(0, 0, 0), (3, 0, 3), (0, 1, 1),
+                                                             (3, 1, 3)])
+def test_the_floors_run_beside_the_kernel_tier_and_decide_the_exit(
+        tmp_path: Path, floors_rc: int, kernel_rc: int, rc: int) -> None:
+    """The floors run at nice 19 while the kernel tier runs, their output comes after
+    the kernel tier's, and either one failing fails scripts/test."""
+    done = run_scripts_test_from_the_floors(tmp_path, floors_rc, kernel_rc)
+    assert done.returncode == rc, done.stdout + done.stderr
+    assert (tmp_path / "order").read_text().splitlines() == ["kernel tier", "floors at nice 19"]
+    assert "floors output" in done.stdout
+    last = done.stdout.strip().splitlines()[-1]
+    if rc == 0:
+        assert last.startswith("== scripts/test: all passed: stand-ins; "), done.stdout
+    elif floors_rc:
+        assert last == "== scripts/test: FAILED: the unit tier against the dependency " \
+                       f"floors (exit {floors_rc})"
 
 
 LONG = '''

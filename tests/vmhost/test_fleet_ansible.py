@@ -145,7 +145,7 @@ def build_newer_deb(where: Path) -> NewerDeb:
 # ----------------------------------------------------------------------- the fleet
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(fleet_slot: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     where = tmp_path_factory.mktemp("fleet")
     machines = Fleet(where, list(HOSTS))
     try:
@@ -385,7 +385,6 @@ def check_one_host_at_a_time(events: list[dict]) -> None:
 
 # -------------------------------------------------------------------------- tests
 
-@pytest.mark.usefixtures("vm_slot")
 def test_the_role_rolls_out_pools_across_four_machines_twice(fleet: Fleet,
                                                             ansible: Ansible) -> None:
     deb = shipped_deb()
@@ -434,7 +433,6 @@ def check_pools(fleet: Fleet) -> None:
         assert {"lmcache", "sglang"} <= set(listing), listing
 
 
-@pytest.mark.usefixtures("vm_slot")
 def test_a_rolling_upgrade_goes_one_host_at_a_time_gated_on_readyz(
         fleet: Fleet, ansible: Ansible, tmp_path: Path) -> None:
     newer_deb = build_newer_deb(tmp_path)

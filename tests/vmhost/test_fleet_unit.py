@@ -31,7 +31,7 @@ DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(fleet_slot: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     where = tmp_path_factory.mktemp("fleet")
     machines = Fleet(where, ["storage1", "gpu1"])
     try:
@@ -102,7 +102,6 @@ def attach_kv(fleet: Fleet) -> dict:
     return fleet.wait_pools_ready("gpu1")
 
 
-@pytest.mark.usefixtures("vm_slot")
 def test_a_pool_crosses_the_network_under_the_shipped_unit(fleet: Fleet,
                                                            tmp_path: Path) -> None:
     for name in ("storage1", "gpu1"):
@@ -162,7 +161,6 @@ def test_a_pool_crosses_the_network_under_the_shipped_unit(fleet: Fleet,
     assert re.search(r"level for kvagent\.service: [0-4]\.[0-9]|: 5\.[01] ", score), score
 
 
-@pytest.mark.usefixtures("vm_slot")
 def test_the_watchdog_restarts_a_hung_agent_and_nothing_is_torn_down(fleet: Fleet) -> None:
     """A hung agent (SIGSTOP) stops its watchdog pings: systemd kills it after WatchdogSec
     and starts it again (Restart=on-failure); the mounts and controllers stay as they
@@ -208,7 +206,6 @@ def monotonic_us(fleet: Fleet, name: str, unit: str, prop: str) -> int:
     return int(fleet.sh(name, f"systemctl show -P {prop} {unit}").stdout.strip() or 0)
 
 
-@pytest.mark.usefixtures("vm_slot")
 def test_an_engine_starts_after_its_pool_across_a_reboot(fleet: Fleet) -> None:
     """The gate kvagent-pool@kv.service: a stand-in engine unit that requires it starts
     only once the pool is mounted, capped and handed off after a reboot, and its first
@@ -257,7 +254,6 @@ def controllers(fleet: Fleet, name: str) -> list[tuple[str, str, str]]:
     return sorted(tuple(line.split()) for line in out.splitlines() if line.strip())
 
 
-@pytest.mark.usefixtures("vm_slot")
 def test_nvme_clis_autoconnect_rule_makes_no_second_controller(fleet: Fleet) -> None:
     """Issue 36, item 5: Debian's nvme-cli ships 70-nvmf-autoconnect.rules, which runs
     ``nvme connect-all`` through the very discovery controller kvagent keeps whenever its

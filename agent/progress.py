@@ -41,6 +41,13 @@ GRACE = 15.0
 #: The longest the process may go without starting or ending a step (the daemon's loop
 #: beats whenever it wakes, at least every IDLE_BOUND/3).
 IDLE_BOUND = 30.0
+#: The longest one read or probe of a pool's device may take (the xfs superblock read,
+#: the engines' probe of a mount): I/O stuck on a fabrics device ends when the kernel
+#: fails it (nvme_core.io_timeout, 30 s a try, then the controller's error recovery,
+#: bounded by fast_io_fail_tmo and ctrl_loss_tmo). Between steps it would count against
+#: IDLE_BOUND, and a slow device (soft-RoCE on 6.1 under emulation: 30 s I/O timeouts)
+#: got a healthy agent killed by the watchdog.
+DEVICE_IO_BOUND = 180.0
 #: How often interruptible waits (:func:`sleep`, the runner) look at the stop flag.
 STOP_POLL = 0.2
 #: From the loop's end to the process's exit (the HTTP server's shutdown, the records).

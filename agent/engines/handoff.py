@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import effects
+from .. import effects, progress
 from ..config.model import Config, EngineConfig, InitiatorPool
 from ..config.types import Name
 from ..errors import KvagentError, UsageError
@@ -215,9 +215,18 @@ def _probes(cfg: Config, pool: str, mounts: list[str], transport: str | None,
         return recorded
     keep = {} if not remounted or fresh is None else {
         p.path: p for p in recorded if p.transport == transport and p.path not in fresh}
-    probes = [keep.get(m) or probe(m, transport, sysfs=cfg.node.sysfs) for m in mounts]
+    probes = [keep.get(m) or probe_bounded(probe, m, transport, cfg.node.sysfs)
+              for m in mounts]
     write_json(record, [dataclasses.asdict(p) for p in probes])
     return probes
+
+
+def probe_bounded(probe: Prober, mount: str, transport: str | None,
+                  sysfs: str) -> ProbeResult:
+    """``probe`` of one mount as a bounded step (:data:`progress.DEVICE_IO_BOUND`): its
+    I/O goes to the pool's device, which the kernel may take that long to fail."""
+    with progress.step(f"probing {mount}", bound=progress.DEVICE_IO_BOUND):
+        return probe(mount, transport, sysfs=sysfs)
 
 
 def directory_caps(pool: InitiatorPool, kind: str, mounts: list[str], capacity: int,
@@ -334,7 +343,7 @@ def render_attached(cfg: Config, pool_name: str, kind: str, *, probe_now: bool =
                 probes, source = loaded, "record"
     if probes is None:
         transport = record.subsystems[0].address.transport if record.subsystems else None
-        probes = [probe(m, transport, sysfs=cfg.node.sysfs) for m in mounts]
+        probes = [probe_bounded(probe, m, transport, cfg.node.sysfs) for m in mounts]
     caps = engine_capacities(sum(p.total_bytes or 0 for p in probes), pool.engines)
     engine = next(e for e in pool.engines if e.kind == kind)
     readiness = (gds or probe_gds)() if engine.checks_gds else None

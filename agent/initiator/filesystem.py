@@ -15,6 +15,7 @@ import uuid as uuid_mod
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .. import progress
 from ..errors import KvagentError
 from ..log import get_logger
 from ..system.run import Runner
@@ -121,7 +122,8 @@ def ensure_filesystem(device: str, fs_uuid: str, label: str, runner: Runner, *,
     (``-f``: the uuid proves it is ours). Anything else → :class:`ForeignFilesystem`
     (the device is left untouched).
     """
-    sb = superblock(device)
+    with progress.step(f"reading the superblock of {device}", bound=progress.DEVICE_IO_BOUND):
+        sb = superblock(device)
     if sb is not None and not sb.inprogress and sb.uuid.lower() == fs_uuid.lower():
         return False  # this host's finished xfs: nothing to probe (no blkid on a converged pass)
     content = probe_content(device, runner, exists=exists)

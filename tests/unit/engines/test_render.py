@@ -126,3 +126,21 @@ def test_unknown_engine_and_mismatched_kind() -> None:
         render("redis", ctx("lmcache"))
     with pytest.raises(UsageError, match="not 'vllm'"):
         render("vllm", ctx("lmcache"))
+
+
+def test_a_mount_is_probed_inside_a_bounded_step() -> None:
+    """The probe's I/O goes to the pool's device: a step bounded by the kernel's I/O
+    timeouts, not the watchdog's 30 s between steps."""
+    from agent import progress
+    from agent.engines.handoff import probe_bounded
+
+    seen: list[tuple[progress.Step | None, str]] = []
+
+    def probe(mount: str, transport: str | None, *, sysfs: str) -> str:
+        seen.append((progress.tracker.current(), sysfs))
+        return "probed"
+
+    assert probe_bounded(probe, "/mnt/kv", "tcp", "/sys") == "probed"  # type: ignore[arg-type]
+    ((step, sysfs),) = seen
+    assert step is not None and step.bound == progress.DEVICE_IO_BOUND
+    assert step.what == "probing /mnt/kv" and sysfs == "/sys"

@@ -137,3 +137,22 @@ def test_own_finished_xfs_is_accepted_from_its_superblock_without_blkid() -> Non
     r = FakeRunner()
     assert ensure(r, XfsSuperblock(UUID.upper(), inprogress=False)) is False
     assert r.calls == []
+
+
+def test_the_superblock_is_read_inside_a_bounded_step() -> None:
+    """A stalled device read counts against a step's bound (the kernel's I/O timeouts),
+    not against the watchdog's 30 s between steps."""
+    from agent import progress
+
+    seen: list[progress.Step | None] = []
+
+    def superblock(device: str) -> XfsSuperblock:
+        seen.append(progress.tracker.current())
+        return XfsSuperblock(UUID, False)
+
+    assert ensure_filesystem(DEV, UUID, "kv-1", FakeRunner(), superblock=superblock,
+                             exists=lambda d: True) is False
+    (step,) = seen
+    assert step is not None and step.bound == progress.DEVICE_IO_BOUND
+    assert step.what == f"reading the superblock of {DEV}"
+    assert progress.tracker.current() is None

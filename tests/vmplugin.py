@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -159,9 +160,34 @@ def pytest_configure(config: pytest.Config) -> None:
     path = config.getoption("--kv-guest-report")
     if path:
         config.pluginmanager.register(GuestRecorder(path), "kv-guest-recorder")
+    if not IN_GUEST:
+        config.pluginmanager.register(HostSideLog(config), "kv-host-side-log")
 
 
 # ----------------------------------------------------------------- host side
+
+CI_LOG = "KVAGENT-CI-LOG: "
+
+
+class HostSideLog:
+    """Shows the lines the host-side VM tests (``vmhost``: the fleets) mark for the CI
+    log, as the kernel tier shows its groups' (pytest keeps a passing test's output to
+    itself): each line once, when the phase that printed it ends."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.shown: set[tuple[str, str]] = set()
+
+    def pytest_runtest_logreport(self, report: TestReport) -> None:
+        if "vmhost" not in report.keywords:
+            return
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        for _, text in report.sections:
+            for line in text.splitlines():
+                if line.startswith(CI_LOG) and (report.nodeid, line) not in self.shown:
+                    self.shown.add((report.nodeid, line))
+                    if reporter:
+                        reporter.write_line(f"[vm host side] {line[len(CI_LOG):]}")
 
 class KernelTier:
     """Boots one VM per group of kernel tests (``PARALLEL`` at a time) and hands out the
@@ -243,8 +269,8 @@ class KernelTier:
                      for phase in phases.values() for _, text in phase.get("sections", [])
                      ] or texts
         marked = [line for text in texts for line in text.splitlines()
-                  if line.startswith("KVAGENT-CI-LOG: ")]
-        lines += [f"[kernel tier] {line[len('KVAGENT-CI-LOG: '):]}"
+                  if line.startswith(CI_LOG)]
+        lines += [f"[kernel tier] {line[len(CI_LOG):]}"
                   for line in dict.fromkeys(marked)]
         if not report.exists():
             tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
@@ -275,8 +301,12 @@ def fleet_slot(request: pytest.FixtureRequest) -> Iterator[None]:
     fleet): from before the boot until after the teardown. A per-test slot let a group
     take the slot between two of the module's tests, and the fleet, booted outside any
     slot, sat idle for a whole group's run with its machines up (more VMs than slots)."""
+    asked = time.monotonic()
     with SLOTS.held(SLOTS.request(_slot_weight(request.node))):
+        got = time.monotonic()
         yield
+        print(f"{CI_LOG}{request.node.nodeid}: its machines held a VM slot for "
+              f"{time.monotonic() - got:.0f}s (after waiting {got - asked:.0f}s for it)")
 
 
 def warm_bytecode(nodeids: list[str]) -> None:

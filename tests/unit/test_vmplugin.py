@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -56,20 +57,27 @@ def test_on_the_host():
 '''
 
 
-def boots(tmp_path: Path, *args: str, tests: str = TESTS, more: str = "",
-          **extra: str) -> list[str]:
+def run_sample(tmp_path: Path, *args: str, tests: str = TESTS, more: str = "",
+               **extra: str) -> subprocess.CompletedProcess[str]:
+    """pytest with the plugin on the sample ``tests`` (and ``more``, a second module);
+    the groups it boots are noted in ``tmp_path``/boots.txt."""
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_sample.py").write_text(tests)
     if more:
         (tmp_path / "test_more.py").write_text(more)
-    record = tmp_path / "boots.txt"
-    record.unlink(missing_ok=True)
+    (tmp_path / "boots.txt").unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVAGENT_")}
-    env.update(PYTHONPATH=str(REPO), BOOTS=str(record), **extra)
-    subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.vmplugin", "-p",
-                    "no:cacheprovider", "-q", "-o", "markers=kernel", *args],
-                   cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-                   check=False)
+    env.update(PYTHONPATH=str(REPO), BOOTS=str(tmp_path / "boots.txt"), **extra)
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.vmplugin", "-p",
+                           "no:cacheprovider", "-q", "-o", "markers=kernel", *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def boots(tmp_path: Path, *args: str, tests: str = TESTS, more: str = "",
+          **extra: str) -> list[str]:
+    run_sample(tmp_path, *args, tests=tests, more=more, **extra)
+    record = tmp_path / "boots.txt"
     return record.read_text().split() if record.exists() else []
 
 
@@ -178,6 +186,7 @@ def machines(fleet_slot):
 
 def test_first(machines):
     note("first")
+    print("KVAGENT-CI-LOG: the first test's line")
 
 
 def test_second(machines):
@@ -192,6 +201,19 @@ def test_a_fleet_holds_its_slot_from_boot_to_teardown(tmp_path: Path) -> None:
                   more=TWO_GROUPS, KVAGENT_VM_PARALLEL="1", HOLD_UNTIL_QUEUED="long",
                   QUEUED="2")
     assert order == ["long", "boot", "first", "second", "down", "short"]
+
+
+def test_a_fleets_lines_for_the_ci_log_are_shown_once_with_its_slot_time(
+        tmp_path: Path) -> None:
+    """pytest keeps a passing test's output: the plugin shows the lines a host-side VM
+    test marks for the CI log, each once, and how long the fleet held its slot."""
+    done = run_sample(tmp_path, "-m", "kernel or vmhost", "-o", "markers=vmhost",
+                      tests=FLEET, more=TWO_GROUPS, KVAGENT_VM_PARALLEL="1")
+    shown = [line for line in done.stdout.splitlines() if "[vm host side]" in line]
+    assert len(shown) == 2, done.stdout
+    assert shown[0].endswith("[vm host side] the first test's line"), shown
+    assert re.search(r"\[vm host side\] test_sample.py: its machines held a VM slot for "
+                     r"\d+s \(after waiting \d+s for it\)$", shown[1]), shown
 
 
 def test_group_vms_get_one_vcpu_unless_told(tmp_path: Path,

@@ -8,10 +8,14 @@ keeping every serial console and journal with the test's results.
 
 from __future__ import annotations
 
+import email.utils
 import json
+import re
+import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +57,14 @@ class Fleet:
                                  f"{done.stderr}")
         return done
 
+    def put(self, name: str, local: Path, remote: str) -> None:
+        """Copy the file ``local`` to ``remote`` on machine ``name``."""
+        done = subprocess.run([*FLEET, "ssh", str(self.where), name,
+                               f"cat > {remote}.part && mv {remote}.part {remote}"],
+                              cwd=REPO, input=local.read_bytes(), capture_output=True,
+                              timeout=600, check=False)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")
+
     def reboot(self, name: str, timeout: float = 900) -> float:
         """Reboot machine ``name`` cleanly; the seconds until it answers SSH again."""
         started = time.monotonic()
@@ -92,3 +104,53 @@ class Fleet:
                 raise AssertionError(f"{name}: pools not ready after {timeout}s: "
                                      f"{done.stdout}{done.stderr}")
             time.sleep(3)
+
+
+# ------------------------------------------------------------------- a newer package
+
+@dataclass
+class NewerDeb:
+    old_version: str
+    version: str
+    deb: Path
+
+
+def build_newer_deb(where: Path) -> NewerDeb:
+    """The package built from a copy of its sources with a bumped version (a new
+    debian/changelog entry), by that copy's own scripts/build-deb (a tree that is not a
+    git checkout: it packages every file there): the checkout is not touched."""
+    src = where / "src"
+    build_deb = (REPO / "scripts/build-deb").read_text()
+    sources = re.search(r"^SOURCES=\(([^)]*)\)", build_deb, re.M)
+    assert sources, "scripts/build-deb names no SOURCES=(...)"
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
+         *sources.group(1).split(), "scripts/build-deb"],
+        cwd=REPO, capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (REPO / name).exists() or (REPO / name).is_symlink():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name, follow_symlinks=False)
+    changelog = src / "debian/changelog"
+
+    def field(name: str) -> str:
+        return subprocess.run(["dpkg-parsechangelog", "-l", str(changelog), "-S", name],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    old = field("Version")
+    new = f"{old}+fleet1"
+    # (dated after the entry before it, or lintian fails the build)
+    when = email.utils.formatdate(max(time.time(), int(field("Timestamp")) + 1))
+    changelog.write_text(
+        f"kvagent ({new}) unstable; urgency=medium\n\n"
+        "  * Built by tests/vmhost/fleet.py: a newer version for the fleet's\n"
+        "    upgrades.\n\n"
+        f" -- {field('Maintainer')}  {when.replace('-0000', '+0000')}\n\n"
+        + changelog.read_text())
+    done = subprocess.run([str(src / "scripts/build-deb"), "--force"], cwd=src,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=1800, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    deb = src / done.stdout.strip().splitlines()[-1]
+    assert deb.name == f"kvagent_{new}_all.deb", deb
+    return NewerDeb(old, new, deb)

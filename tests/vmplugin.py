@@ -189,6 +189,7 @@ class HostSideLog:
                     if reporter:
                         reporter.write_line(f"[vm host side] {line[len(CI_LOG):]}")
 
+
 class KernelTier:
     """Boots one VM per group of kernel tests (``PARALLEL`` at a time) and hands out the
     guest's results."""

@@ -76,6 +76,13 @@ class Fleet:
         assert done.returncode == 0, f"{name} did not come back: {done.stdout}{done.stderr}"
         return time.monotonic() - started
 
+    def fleet_command(self, *words: str, timeout: float = 1200) -> None:
+        """``scripts/fleet WORD DIR ARGS...`` (``cut``, ``heal``, ``poweroff``, ``poweron``)."""
+        done = subprocess.run([*FLEET, words[0], str(self.where), *words[1:]], cwd=REPO,
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        assert done.returncode == 0, f"scripts/fleet {' '.join(words)}: {done.stdout}" \
+            f"{done.stderr}"
+
     def address(self, name: str) -> str:
         return self.machines[name]["address"]
 

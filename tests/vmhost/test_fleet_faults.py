@@ -168,6 +168,12 @@ def wait_new_agent(fleet: Fleet, name: str, old_pid: str, timeout: float = 600) 
     raise AssertionError(f"{name}: no new agent ready after {timeout}s")
 
 
+def start_watcher(fleet: Fleet, name: str, unit: str, log: str) -> None:
+    """:data:`WATCHER` on machine ``name`` as the transient unit ``unit``, logging to ``log``."""
+    fleet.sh(name, "cat > /root/watch.py", stdin=WATCHER)
+    fleet.sh(name, f"systemd-run -q --unit={unit} python3 /root/watch.py {log} {METRICS}")
+
+
 def test_restart_kill_upgrade_and_downgrade_under_io_change_nothing(fleet: Fleet,
                                                                     tmp_path: Path) -> None:
     newer = build_newer_deb(tmp_path)
@@ -176,9 +182,7 @@ def test_restart_kill_upgrade_and_downgrade_under_io_change_nothing(fleet: Fleet
     for name in (STORAGE, GPU):
         fleet.put(name, newer.deb, "/root/newer.deb")
         fleet.put(name, older, "/root/older.deb")
-        fleet.sh(name, "cat > /root/watch.py", stdin=WATCHER)
-        fleet.sh(name, "systemd-run -q --unit=kv-watch python3 /root/watch.py /root/watch.log "
-                       f"{METRICS}")
+        start_watcher(fleet, name, "kv-watch", "/root/watch.log")
     since = {name: clock(fleet, name) for name in (STORAGE, GPU)}
     mount = fleet.sh(GPU, f"findmnt -rn -t xfs -o TARGET | grep ^{MNT}/").stdout.split()[0]
     fleet.sh(GPU, f"systemd-run -q --remain-after-exit --unit=kv-fio fio --name=verify "
@@ -250,3 +254,226 @@ def test_restart_kill_upgrade_and_downgrade_under_io_change_nothing(fleet: Fleet
         assert worse.strip() == "", f"{name}: {worse}"
         print(f"KVAGENT-CI-LOG: faults: {name}: /metrics failed {len(failed)} scrape(s), all "
               "inside its agent's own restarts; controllers live throughout")
+
+
+#: An engine's writes on gpu1, as a transient unit: every 0.2 s one 4 KiB block (its
+#: sequence number, repeated) written at its own offset and fsync'd; logged with the
+#: machine's clock: ``ok SEQ`` for the first success after errors and every 25th,
+#: ``err ERRNO after SEQ`` for the first error after successes (SEQ: the last block
+#: fsync'd). On an error it closes the file and
+#: opens it again next time, as an engine that gives a dead file up (an open file would
+#: keep a shut-down xfs from being mounted again).
+WRITER = r"""
+import os, sys, time
+path, out = sys.argv[1], open(sys.argv[2], "a", buffering=1)
+fd, seq, failing, durable = None, 0, None, 0
+while True:
+    now = time.time()
+    try:
+        if fd is None:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.pwrite(fd, (b"%08d" % seq) * 512, seq * 4096)
+        os.fsync(fd)
+        durable = seq
+        if failing is not False:
+            out.write(f"{now:.2f} ok {seq}\n")
+        failing = False
+        seq += 1
+    except OSError as exc:
+        if not failing:
+            out.write(f"{now:.2f} err {exc.errno} after {durable}\n")
+        failing = True
+        if fd is not None:
+            os.close(fd)
+            fd = None
+    time.sleep(0.2)
+"""
+
+
+def start_writer(fleet: Fleet, name: str) -> tuple[str, str]:
+    """:data:`WRITER` on gpu1 as unit kv-writer-NAME into the pool's lmcache directory;
+    (its file, its log)."""
+    mount = fleet.sh(GPU, f"findmnt -rn -t xfs -o TARGET | grep ^{MNT}/").stdout.split()[0]
+    target, log = f"{mount}/lmcache/writer-{name}.dat", f"/root/writer-{name}.log"
+    fleet.sh(GPU, "cat > /root/writer.py", stdin=WRITER)
+    fleet.sh(GPU, f"systemd-run -q --unit=kv-writer-{name} python3 /root/writer.py {target} "
+                  f"{log}")
+    time.sleep(5)
+    return target, log
+
+
+def writer_log(fleet: Fleet, log: str) -> list[tuple[float, str, int]]:
+    """The writer's log: (time, ``ok``, sequence number) or (time, ``err``, the last
+    sequence number fsync'd before the error)."""
+    return [(float(f[0]), f[1], int(f[-1])) for f in
+            (line.split() for line in fleet.sh(GPU, f"cat {log}").stdout.splitlines())]
+
+
+def wait_writes_again(fleet: Fleet, log: str, since: float,
+                      timeout: float = 900) -> tuple[float, float, int]:
+    """Until the writer writes again after its first error since ``since`` (gpu1's
+    clock): (that error's time, the first write after it, the last block fsync'd before
+    it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = writer_log(fleet, log)
+        errors = [(t, n) for t, w, n in rows if w == "err" and t >= since]
+        resumed = [t for t, w, _ in rows if w == "ok" and errors and t > errors[0][0]]
+        if resumed:
+            return errors[0][0], resumed[0], errors[0][1]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the writer did not fail and write again: {rows}")
+        time.sleep(2)
+
+
+VERIFY = r"""
+import sys
+data = open(sys.argv[1], "rb").read()
+for seq in range(int(sys.argv[2]) + 1):
+    assert data[seq * 4096:(seq + 1) * 4096] == (b"%08d" % seq) * 512, f"block {seq}"
+print(f"blocks 0-{sys.argv[2]} intact")
+"""
+
+
+def check_durable(fleet: Fleet, target: str, durable: int) -> None:
+    """Every block up to ``durable`` (fsync'd) reads back as the writer wrote it."""
+    fleet.sh(GPU, "cat > /root/verify.py", stdin=VERIFY)
+    fleet.sh(GPU, f"python3 /root/verify.py {target} {durable}")
+
+
+def cut(fleet: Fleet, seconds: float) -> tuple[float, float]:
+    """Drop every frame between storage1 and gpu1, both ways, for ``seconds``; (cut, heal)
+    on gpu1's clock."""
+    before = clock(fleet, GPU)
+    fleet.fleet_command("cut", STORAGE, GPU)
+    cut_at = before + (clock(fleet, GPU) - before) / 2  # (no SSH to gpu1 is cut)
+    time.sleep(seconds)
+    healed_before = clock(fleet, GPU)
+    fleet.fleet_command("heal", STORAGE, GPU)
+    return cut_at, healed_before
+
+
+def test_a_partition_shorter_than_fast_io_fail_rides_through_a_longer_one_fails_fast(
+        fleet: Fleet) -> None:
+    """gpu1 and storage1 cut apart (every frame dropped both ways; the switch, not a port
+    removed): 2 s costs the writer nothing; 30 s fails its I/O fast (fast_io_fail_tmo,
+    5 s, after the kernel notices), and when the network returns the controller
+    reconnects and the agent mounts the pool again by itself (xfs log recovered): every
+    block fsync'd before the outage reads back intact."""
+    fleet.wait_pools_ready(GPU)
+    start_watcher(fleet, GPU, "kv-watch-partition", "/root/watch-partition.log")
+    target, log = start_writer(fleet, "partition")
+
+    cut(fleet, 2)
+    time.sleep(15)
+    short = writer_log(fleet, log)
+    assert not [row for row in short if row[1] == "err"], f"a 2 s partition surfaced: {short}"
+
+    cut_at, healed_at = cut(fleet, 30)
+    error_at, resumed_at, durable = wait_writes_again(fleet, log, cut_at)
+    assert error_at < healed_at, f"I/O failed only after the network was back: {log}"
+    status = fleet.wait_pools_ready(GPU, timeout=300)
+    states = [line.split() for line in fleet.sh(GPU, "cat /root/watch-partition.log").stdout
+              .splitlines() if " ctrl " in line]
+    left_live = min((float(t) for t, _, _, state in states if state != "live"),
+                    default=None)
+    assert left_live is not None, f"no controller left live: {states}"
+    (pool,) = status["pools"]
+    print(f"KVAGENT-CI-LOG: faults: partition of 2s: 0 I/O errors; of 30s: a controller "
+          f"left live {left_live - cut_at:.1f}s after the cut, the first I/O error after "
+          f"{error_at - cut_at:.1f}s, writes back {resumed_at - healed_at:.1f}s after the "
+          f"heal (xfs mounted again: {pool['initiator']['recoveries']['count']}x so far)")
+    fleet.sh(GPU, "systemctl stop kv-writer-partition")
+    check_durable(fleet, target, durable)
+
+
+def boot_timeline(fleet: Fleet, name: str) -> str:
+    """Seconds from the kernel's start to the network being up and to kvagent's READY."""
+    def at(unit: str) -> float:
+        return int(fleet.sh(name, f"systemctl show -P ActiveEnterTimestampMonotonic {unit}"
+                            ).stdout.strip() or 0) / 1e6
+    return (f"boot -> network-online {at('network-online.target'):.1f}s -> kvagent ready "
+            f"{at('kvagent.service'):.1f}s")
+
+
+def test_the_storage_machine_rebooted_or_powered_off_fails_io_fast_and_comes_back(
+        fleet: Fleet) -> None:
+    """storage1 rebooted cleanly, then its power cut (QEMU killed) and turned on again:
+    gpu1's writes fail fast while it is away, storage1 exports again by itself at boot
+    (from its records, the same nvmet tree), gpu1 reconnects and mounts again by itself,
+    and every block fsync'd before each outage reads back intact."""
+    fleet.wait_pools_ready(GPU)
+    tree = nvmet_tree(fleet)
+    target, log = start_writer(fleet, "storage")
+    for how in ("reboot", "power loss"):
+        start = clock(fleet, GPU)
+        if how == "reboot":
+            fleet.reboot(STORAGE)
+        else:
+            fleet.fleet_command("poweroff", STORAGE)
+            time.sleep(5)
+            fleet.fleet_command("poweron", STORAGE)
+        back = clock(fleet, GPU)
+        error_at, resumed_at, durable = wait_writes_again(fleet, log, start)
+        assert error_at < back, f"{how}: I/O failed only once storage1 was back"
+        fleet.wait_pools_ready(STORAGE)
+        assert nvmet_tree(fleet) == tree, f"{how}: storage1 exports other objects"
+        plan = json.loads(fleet.sh(STORAGE, "kvagent -o json plan").stdout)
+        assert plan["actions"] == [], (how, plan)
+        print(f"KVAGENT-CI-LOG: faults: storage1 {how}: gpu1's first I/O error "
+              f"{error_at - start:.1f}s after it began, storage1 back (SSH) after "
+              f"{back - start:.1f}s ({boot_timeline(fleet, STORAGE)}), gpu1 writes again "
+              f"{resumed_at - start:.1f}s after it began")
+        check_durable(fleet, target, durable)
+    fleet.wait_pools_ready(GPU)
+    fleet.sh(GPU, "systemctl stop kv-writer-storage")
+
+
+ENGINE_UNIT = """[Unit]
+Description=a stand-in engine that reads its cache back when it starts
+Requires=kvagent-pool@kv.service
+After=kvagent-pool@kv.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/bin/python3 /root/verify.py {target} {durable}
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def test_the_gpu_machine_powered_off_has_its_pool_back_before_its_engine(
+        fleet: Fleet) -> None:
+    """gpu1's power cut while it writes, then turned on: at boot the pool is attached
+    and mounted again (the same xfs, its log recovered) before the stand-in engine unit
+    (behind kvagent-pool@kv.service) starts, and that engine reads back every block
+    fsync'd before the cut."""
+    fleet.wait_pools_ready(GPU)
+    target, log = start_writer(fleet, "gpu")
+    time.sleep(10)
+    fs = fleet.sh(GPU, f"findmnt -n -o UUID -T {target}").stdout.strip()
+    durable = max(n for _, w, n in writer_log(fleet, log) if w == "ok")
+    fleet.sh(GPU, "cat > /root/verify.py", stdin=VERIFY)
+    fleet.sh(GPU, "cat > /etc/systemd/system/engine.service && systemctl daemon-reload && "
+                  "systemctl enable -q engine.service && sync",
+             stdin=ENGINE_UNIT.format(target=target, durable=durable))
+    started = time.monotonic()
+    fleet.fleet_command("poweroff", GPU)
+    time.sleep(3)
+    fleet.fleet_command("poweron", GPU)
+    took = time.monotonic() - started
+    assert fleet.sh(GPU, "systemctl is-active engine.service").stdout.strip() == "active"
+    assert "intact" in fleet.sh(GPU, "journalctl -u engine -b -q -o cat").stdout
+    gate = int(fleet.sh(GPU, "systemctl show -P ActiveEnterTimestampMonotonic "
+                             "kvagent-pool@kv.service").stdout)
+    engine = int(fleet.sh(GPU, "systemctl show -P ExecMainStartTimestampMonotonic "
+                               "engine.service").stdout)
+    assert 0 < gate <= engine, (gate, engine)
+    assert fleet.sh(GPU, f"findmnt -n -o UUID -T {target}").stdout.strip() == fs
+    print(f"KVAGENT-CI-LOG: faults: gpu1 power loss: back in {took:.0f}s "
+          f"({boot_timeline(fleet, GPU)}); the engine started "
+          f"{(engine - gate) / 1e6:.2f}s after its pool's gate and read back blocks "
+          f"0-{durable} intact")
+    fleet.sh(GPU, "systemctl disable -q engine.service")

@@ -260,9 +260,9 @@ def test_restart_kill_upgrade_and_downgrade_under_io_change_nothing(fleet: Fleet
 #: sequence number, repeated) written at its own offset and fsync'd; logged with the
 #: machine's clock: ``ok SEQ`` for the first success after errors and every 25th,
 #: ``err ERRNO after SEQ`` for the first error after successes (SEQ: the last block
-#: fsync'd). On an error it closes the file and
-#: opens it again next time, as an engine that gives a dead file up (an open file would
-#: keep a shut-down xfs from being mounted again).
+#: fsync'd). On an error it closes the file and opens it again next time, as an engine
+#: that gives a dead file up (an open file would keep a shut-down xfs from being mounted
+#: again).
 WRITER = r"""
 import os, sys, time
 path, out = sys.argv[1], open(sys.argv[2], "a", buffering=1)
@@ -275,7 +275,7 @@ while True:
         os.pwrite(fd, (b"%08d" % seq) * 512, seq * 4096)
         os.fsync(fd)
         durable = seq
-        if failing is not False:
+        if failing is not False or seq % 25 == 0:
             out.write(f"{now:.2f} ok {seq}\n")
         failing = False
         seq += 1
@@ -284,7 +284,10 @@ while True:
             out.write(f"{now:.2f} err {exc.errno} after {durable}\n")
         failing = True
         if fd is not None:
-            os.close(fd)
+            try:
+                os.close(fd)
+            except OSError:
+                pass
             fd = None
     time.sleep(0.2)
 """

@@ -25,16 +25,19 @@ FLEET = [sys.executable, str(REPO / "scripts/fleet")]
 class Fleet:
     """Machines booted by ``scripts/fleet up`` in ``where`` (their disks, consoles, journals)."""
 
-    def __init__(self, where: Path, specs: list[str]):
+    def __init__(self, where: Path, specs: list[str], *, power_safe: bool = False):
         self.where = where
         self.specs = specs
+        #: disks that honour flushes (scripts/fleet up --power-safe): for power cuts
+        self.power_safe = power_safe
         self.machines: dict[str, dict] = {}
 
     def up(self, timeout: float = 1500) -> float:
         """Boot every machine; the seconds until the last answered SSH."""
         started = time.monotonic()
         done = subprocess.run([*FLEET, "up", str(self.where), *self.specs,
-                               "--timeout", str(timeout)],
+                               "--timeout", str(timeout),
+                               *(["--power-safe"] if self.power_safe else [])],
                               cwd=REPO, capture_output=True, text=True, check=False,
                               timeout=timeout + 600)
         assert done.returncode == 0, f"scripts/fleet up: {done.stdout}{done.stderr}"

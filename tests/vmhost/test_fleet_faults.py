@@ -106,7 +106,8 @@ health: {{listen: "127.0.0.1:9808", interval: 5s}}
 @pytest.fixture(scope="module")
 def fleet(fleet_slot: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     where = tmp_path_factory.mktemp("fleet-faults")
-    machines = Fleet(where, [STORAGE, GPU])
+    # (power cuts: the disks honour flushes, or a cut could lose what was fsync'd)
+    machines = Fleet(where, [STORAGE, GPU], power_safe=True)
     try:
         took = machines.up()
         print(f"KVAGENT-CI-LOG: faults: {STORAGE} and {GPU} up in {took:.0f}s")

@@ -36,8 +36,10 @@ import pytest
 from .fleet import REPO, Fleet, build_newer_deb
 
 #: Weight: its minutes under TCG (two boots, eight agent restarts with two package
-#: installs each way, fio throughout), ranked among the tier's fleets.
-pytestmark = [pytest.mark.vmhost(weight=15)]
+#: installs each way, fio throughout), ranked among the tier's fleets. Long for now
+#: (KVAGENT_LONG=1): its 15-29 slot-minutes would take the whole run further past its
+#: time goal, until the tier's work is cut.
+pytestmark = [pytest.mark.vmhost(weight=15), pytest.mark.long]
 STORAGE, GPU = "storage1", "gpu1"
 MNT = "/var/lib/kvcache/kv"
 METRICS = "http://127.0.0.1:9808/metrics"

@@ -496,7 +496,7 @@ def last_line_of_scripts_test(summary: Path, *flags: str) -> str:
     script = (REPO / "scripts/test").read_text()
     tail = script[script.index("verdict=$("):]
     setup = (f"summary={shlex.quote(str(summary))}; summary_flags=({shlex.join(flags)}); "
-             "start=0; t0=1; t1=3; t2=10; t3=10; set --\n")
+             "start=0; t0=1; t1=8; t2=10; units_s=400; set --\n")
     return subprocess.run(["bash", "-euo", "pipefail", "-c", setup + tail], cwd=REPO,
                           capture_output=True, text=True, check=True).stdout.strip()
 
@@ -508,22 +508,24 @@ def test_scripts_test_names_what_it_left_out_first(tmp_path: Path) -> None:
          "long": True}]}))
     assert last_line_of_scripts_test(summary, "--long-off") == (
         "== scripts/test: left out: group 'flush-gpu' (long: KVAGENT_LONG=1 runs them); "
-        "passed: lint, unit tier, kernel tier (1 group, 3 tests); unit tier 2s, "
-        "kernel tier 7s, total 10s")
+        "passed: lint, unit tier, kernel tier (1 group, 3 tests); kernel tier 7s, "
+        "the unit tiers 400s beside it, total 10s")
     summary.write_text(json.dumps({"booted": {"main": 3}, "vmhost": 0, "left_out": []}))
     assert last_line_of_scripts_test(summary).startswith(
         "== scripts/test: all passed: lint, unit tier, kernel tier (1 group, 3 tests); ")
 
 
-def run_scripts_test_from_the_floors(tmp_path: Path, floors_rc: int,
-                                     kernel_rc: int) -> subprocess.CompletedProcess[str]:
-    """scripts/test from the floors' start on, in ``tmp_path`` with stand-ins for
-    scripts/test-floors (exit ``floors_rc``), the kernel tier's pytest (``kernel_rc``) and
-    the tier summary; each stand-in notes when it ran, the floors their nice value."""
+def run_scripts_test_from_the_unit_tiers(tmp_path: Path, units_rc: int,
+                                         kernel_rc: int) -> subprocess.CompletedProcess[str]:
+    """scripts/test from the unit tiers' start on, in ``tmp_path`` with stand-ins for
+    scripts/test-unit (exit ``units_rc``), the kernel tier's pytest (``kernel_rc``) and
+    the tier summary; each stand-in notes when it ran, the unit tiers their nice value."""
     script = (REPO / "scripts/test").read_text()
-    tail = script[script.index("floors_log=$(mktemp)"):]
-    stubs = {"scripts/test-floors": f"sleep 1; echo floors at nice $(nice) >> order; "
-                                    f"echo floors output; exit {floors_rc}",
+    tail = script[script.index("units_log=$(mktemp)"):]
+    said = ("== unit tiers: passed in 400s (...)" if units_rc == 0 else
+            f"== unit tiers: FAILED: the unit tier against the dependency floors (exit {units_rc})")
+    stubs = {"scripts/test-unit": f"sleep 1; echo unit tiers at nice $(nice) >> order; "
+                                  f"echo unit tiers output; echo '{said}'; exit {units_rc}",
              ".venv/bin/pytest": f"echo kernel tier >> order; exit {kernel_rc}",
              ".venv/bin/python": "echo 'all passed: stand-ins'"}
     for path, body in stubs.items():
@@ -531,27 +533,55 @@ def run_scripts_test_from_the_floors(tmp_path: Path, floors_rc: int,
         stub.parent.mkdir(parents=True, exist_ok=True)
         stub.write_text(f"#!/bin/sh\n{body}\n")
         stub.chmod(0o755)
-    setup = "start=0; t0=1; t1=3; kernel_tests=kernel; summary_flags=(); set --\n"
+    setup = "start=0; kernel_tests=kernel; summary_flags=(); set --\n"
     return subprocess.run(["bash", "-euo", "pipefail", "-c", setup + tail], cwd=tmp_path,
                           capture_output=True, text=True, check=False)
 
 
-@pytest.mark.parametrize(("floors_rc", "kernel_rc", "rc"), [(0, 0, 0), (3, 0, 3), (0, 1, 1),
-                                                             (3, 1, 3)])
-def test_the_floors_run_beside_the_kernel_tier_and_decide_the_exit(
-        tmp_path: Path, floors_rc: int, kernel_rc: int, rc: int) -> None:
-    """The floors run at nice 19 while the kernel tier runs, their output comes after
+@pytest.mark.parametrize(("units_rc", "kernel_rc", "rc"), [(0, 0, 0), (3, 0, 3), (0, 1, 1),
+                                                           (3, 1, 3)])
+def test_the_unit_tiers_run_beside_the_kernel_tier_and_decide_the_exit(
+        tmp_path: Path, units_rc: int, kernel_rc: int, rc: int) -> None:
+    """The unit tiers run at nice 19 while the kernel tier runs, their output comes after
     the kernel tier's, and either one failing fails scripts/test."""
-    done = run_scripts_test_from_the_floors(tmp_path, floors_rc, kernel_rc)
+    done = run_scripts_test_from_the_unit_tiers(tmp_path, units_rc, kernel_rc)
     assert done.returncode == rc, done.stdout + done.stderr
-    assert (tmp_path / "order").read_text().splitlines() == ["kernel tier", "floors at nice 19"]
-    assert "floors output" in done.stdout
+    assert (tmp_path / "order").read_text().splitlines() == ["kernel tier",
+                                                             "unit tiers at nice 19"]
+    assert "unit tiers output" in done.stdout
     last = done.stdout.strip().splitlines()[-1]
     if rc == 0:
-        assert last.startswith("== scripts/test: all passed: stand-ins; "), done.stdout
-    elif floors_rc:
+        assert last.startswith("== scripts/test: all passed: stand-ins; kernel tier "), last
+        assert "the unit tiers 400s beside it" in last
+    elif units_rc:
         assert last == "== scripts/test: FAILED: the unit tier against the dependency " \
-                       f"floors (exit {floors_rc})"
+                       f"floors (exit {units_rc})"
+
+
+def test_scripts_test_unit_runs_both_tiers_and_names_the_one_that_failed(
+        tmp_path: Path) -> None:
+    """scripts/test-unit runs the floors even after the unit tier failed, and its last
+    line names the first failure (scripts/test repeats it)."""
+    script = (REPO / "scripts/test-unit").read_text()
+    for failing, expected in (("", "== unit tiers: passed in "),
+                              ("unit", "== unit tiers: FAILED: the unit tier (exit 5)"),
+                              ("floors", "== unit tiers: FAILED: the unit tier against the "
+                                         "dependency floors (exit 5)")):
+        where = tmp_path / (failing or "none")
+        (where / "scripts").mkdir(parents=True)
+        (where / ".venv/bin").mkdir(parents=True)
+        for path, name in ((".venv/bin/pytest", "unit"), ("scripts/test-floors", "floors")):
+            stub = where / path
+            stub.write_text(f"#!/bin/sh\necho {name} $* >> order\n"
+                            f"exit {5 if name == failing else 0}\n")
+            stub.chmod(0o755)
+        (where / "scripts/test-unit").write_text(script)
+        done = subprocess.run(["bash", str(where / "scripts/test-unit"), "-x"],
+                              capture_output=True, text=True, check=False)
+        assert done.returncode == (5 if failing else 0), done.stdout + done.stderr
+        assert done.stdout.strip().splitlines()[-1].startswith(expected), done.stdout
+        assert (where / "order").read_text().splitlines() == [
+            "unit -m not kernel and not vmhost -q -n auto -x", "floors -x"]
 
 
 LONG = '''

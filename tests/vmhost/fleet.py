@@ -116,6 +116,28 @@ class Fleet:
             time.sleep(3)
 
 
+def lvm_storage_config(fleet: Fleet, storage: str, gpu: str, nqn_prefix: str, *,
+                       namespaces: int, more: str = "") -> str:
+    """``storage``'s kvagent.yaml: pool kv on LVM on its first drive, ``namespaces`` of
+    1 GiB exported over NVMe/TCP on the private network to ``gpu`` (``more``: more pools)."""
+    return f"""version: 1
+node: {{name: {storage}, nqn_prefix: {nqn_prefix}}}
+target:
+  ports:
+    - {{name: tcp0, id: 1, transport: tcp, address: {fleet.address(storage)}, service: 4420}}
+  pools:
+    - name: kv
+      backing:
+        kind: lvm
+        volume_group: vg_kv
+        devices: [/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_{storage.upper()}0]
+      namespaces: {{count: {namespaces}, size: 1GiB}}
+      ports: [tcp0]
+      hosts: [{{name: {gpu}, nqn: "{fleet.hostnqn(gpu)}"}}]
+{more}health: {{listen: "127.0.0.1:9808", interval: 5s}}
+"""
+
+
 # ------------------------------------------------------------------- a newer package
 
 @dataclass

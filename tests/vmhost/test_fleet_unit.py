@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .fleet import Fleet
+from .fleet import Fleet, lvm_storage_config
 
 #: Weight: about 13 minutes under TCG beside the tier's other VMs on a 2-core machine
 #: (the image built when out of date, two boots, a reboot, a watchdog restart); ranked
@@ -43,22 +43,8 @@ def fleet(fleet_slot: None, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 def storage_config(fleet: Fleet, more: str = "") -> str:
-    return f"""version: 1
-node: {{name: storage1, nqn_prefix: nqn.2026-11.io.kvagent}}
-target:
-  ports:
-    - {{name: tcp0, id: 1, transport: tcp, address: {fleet.address("storage1")}, service: 4420}}
-  pools:
-    - name: kv
-      backing:
-        kind: lvm
-        volume_group: vg_kv
-        devices: [/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_STORAGE10]
-      namespaces: {{count: 2, size: 1GiB}}
-      ports: [tcp0]
-      hosts: [{{name: gpu1, nqn: "{fleet.hostnqn("gpu1")}"}}]
-{more}health: {{listen: "127.0.0.1:9808", interval: 5s}}
-"""
+    return lvm_storage_config(fleet, "storage1", "gpu1", "nqn.2026-11.io.kvagent",
+                              namespaces=2, more=more)
 
 
 #: A second pool on storage1's second drive (more of storage_config's pools).

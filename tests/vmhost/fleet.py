@@ -116,10 +116,13 @@ class Fleet:
             time.sleep(3)
 
 
-def lvm_storage_config(fleet: Fleet, storage: str, gpu: str, nqn_prefix: str, *,
-                       namespaces: int, more: str = "") -> str:
+def lvm_storage_config(fleet: Fleet, storage: str, gpu: str | list[str], nqn_prefix: str,
+                       *, namespaces: int, more: str = "") -> str:
     """``storage``'s kvagent.yaml: pool kv on LVM on its first drive, ``namespaces`` of
-    1 GiB exported over NVMe/TCP on the private network to ``gpu`` (``more``: more pools)."""
+    1 GiB exported over NVMe/TCP on the private network to the GPU machine(s) ``gpu``
+    (``more``: more pools)."""
+    hosts = ", ".join(f'{{name: {name}, nqn: "{fleet.hostnqn(name)}"}}'
+                      for name in ([gpu] if isinstance(gpu, str) else gpu))
     return f"""version: 1
 node: {{name: {storage}, nqn_prefix: {nqn_prefix}}}
 target:
@@ -133,7 +136,7 @@ target:
         devices: [/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_{storage.upper()}0]
       namespaces: {{count: {namespaces}, size: 1GiB}}
       ports: [tcp0]
-      hosts: [{{name: {gpu}, nqn: "{fleet.hostnqn(gpu)}"}}]
+      hosts: [{hosts}]
 {more}health: {{listen: "127.0.0.1:9808", interval: 5s}}
 """
 

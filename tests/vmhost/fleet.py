@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
 FLEET = [sys.executable, str(REPO / "scripts/fleet")]
 
@@ -31,6 +33,8 @@ class Fleet:
         #: disks that honour flushes (scripts/fleet up --power-safe): for power cuts
         self.power_safe = power_safe
         self.machines: dict[str, dict] = {}
+        #: each machine's pools in the config configure() wrote last
+        self.pools: dict[str, set[str]] = {}
 
     def up(self, timeout: float = 1500) -> float:
         """Boot every machine; the seconds until the last answered SSH."""
@@ -93,22 +97,30 @@ class Fleet:
         return self.machines[name]["hostnqn"]
 
     def configure(self, name: str, config: str) -> None:
-        """Write the machine's /etc/kvagent/kvagent.yaml, check it, reload the agent."""
+        """Write the machine's /etc/kvagent/kvagent.yaml, check it, reload the agent
+        (:meth:`wait_pools_ready` then waits for this config's pools)."""
         self.sh(name, "cat > /etc/kvagent/kvagent.yaml && kvagent config validate "
                       "&& systemctl reload kvagent", stdin=config)
+        data = yaml.safe_load(config)
+        self.pools[name] = {pool["name"] for role in ("target", "initiator")
+                            for pool in (data.get(role) or {}).get("pools", [])}
 
     def status(self, name: str) -> dict:
         return json.loads(self.sh(name, "kvagent -o json status").stdout)
 
     def wait_pools_ready(self, name: str, timeout: float = 600) -> dict:
-        """Until every pool of the machine's agent is ready; its status then."""
+        """Until every pool of the machine's agent is ready, and they are the pools of
+        the config :meth:`configure` wrote last (a reload is not done when ``systemctl
+        reload`` returns: until then the status shows the old config's); its status."""
         deadline = time.monotonic() + timeout
         while True:
             done = self.sh(name, "kvagent -o json status", check=False)
             if done.returncode == 0:
                 status = json.loads(done.stdout)
                 pools = status.get("pools", [])
-                if pools and all(p.get("ready") for p in pools):
+                names = {p.get("name") for p in pools}
+                if (pools and all(p.get("ready") for p in pools)
+                        and names == self.pools.get(name, names)):
                     return status
             if time.monotonic() > deadline:
                 raise AssertionError(f"{name}: pools not ready after {timeout}s: "

@@ -128,6 +128,20 @@ class Fleet:
             time.sleep(3)
 
 
+def root_below(fleet: Fleet, name: str, mount_point: str) -> tuple[list[str], str, str]:
+    """What machine ``name``'s root filesystem holds under ``mount_point`` (seen through a
+    bind mount of /, so below whatever is mounted there): (the paths found under it, its
+    ``lsattr -d`` line, what ``touch`` of a new file in it said)."""
+    out = fleet.sh(name, f"mkdir -p /mnt/root && mount --bind / /mnt/root && "
+                         f"find /mnt/root{mount_point} -mindepth 1; "
+                         f"echo ==; lsattr -d /mnt/root{mount_point}; "
+                         f"touch /mnt/root{mount_point}/x 2>&1; umount /mnt/root",
+                   check=False).stdout
+    found, rest = out.split("==\n", 1)
+    flags, _, refused = rest.partition("\n")
+    return found.split(), flags, refused.strip()
+
+
 def lvm_storage_config(fleet: Fleet, storage: str, gpu: str | list[str], nqn_prefix: str,
                        *, namespaces: int, more: str = "") -> str:
     """``storage``'s kvagent.yaml: pool kv on LVM on its first drive, ``namespaces`` of

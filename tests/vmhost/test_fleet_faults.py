@@ -30,13 +30,18 @@ from pathlib import Path
 
 import pytest
 
-from .fleet import REPO, Fleet, build_newer_deb, lvm_storage_config
+from .fleet import REPO, Fleet, build_newer_deb, lvm_storage_config, root_below
 
-#: Weight: its minutes under TCG (four machines; four rounds of agent restarts with a
-#: package install each way; power cuts, partitions and a short soak), ranked among the
-#: tier's groups. The storage machine's clean reboot (a second storage outage) is long
-#: (KVAGENT_LONG=1), and so is a soak of more than two faults (KVAGENT_SOAK_MINUTES).
+#: Weight: its minutes under TCG (four machines; two rounds of agent restarts, one a
+#: package upgrade; two partitions, two power cuts), ranked among the tier's groups. Long
+#: (KVAGENT_LONG=1): two more rounds (SIGKILL, the downgrade) and the storage machine's
+#: clean reboot. The soak draws faults of its own only for KVAGENT_SOAK_MINUTES.
 pytestmark = [pytest.mark.vmhost(weight=25)]
+#: The soak, the module's last test; the others run in an order drawn from :data:`SEED`
+#: (tests/vmhost/conftest.py sets both it and :data:`ORDER`, the tests' names).
+SOAK = "test_a_soak_of_faults_in_a_random_order"
+SEED = int(os.environ.get("KVAGENT_SOAK_SEED") or random.randrange(2**32))
+ORDER: list[str] = []
 STORAGES = ("storage1", "storage2")
 GPUS = ("gpu1", "gpu2")
 PREFIX = "nqn.2026-12.io.kvagent.faults"
@@ -109,6 +114,8 @@ def fleet(fleet_slot: None, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     # (power cuts: the disks honour flushes, or a cut could lose what was fsync'd)
     machines = Fleet(where, [*STORAGES, *GPUS], power_safe=True)
     try:
+        print(f"KVAGENT-CI-LOG: faults: seed {SEED} (KVAGENT_SOAK_SEED={SEED} replays it): "
+              f"the faults in the order {', '.join(ORDER)}, then the soak")
         took = machines.up()
         print(f"KVAGENT-CI-LOG: faults: {', '.join(machines.machines)} up in {took:.0f}s")
         for storage in STORAGES:
@@ -238,11 +245,17 @@ def kernel_trouble(fleet: Fleet, name: str, since: float) -> list[str]:
 
 # ------------------------------------------------------------ restart, kill, upgrade
 
-def test_restart_kill_upgrade_and_downgrade_under_io_change_nothing(fleet: Fleet,
-                                                                    tmp_path: Path) -> None:
-    """On storage1 and gpu1 at once: ``systemctl restart``, SIGKILL (systemd restarts
-    it), ``apt install`` of a newer .deb and a downgrade back, while fio writes and
-    verifies on both GPU machines' pools. Nothing a consumer sees may change: fio has no
+#: Two rounds of the agent's restarts each: ``systemctl restart`` and ``apt install`` of a
+#: newer .deb; (long) SIGKILL (systemd restarts it) and the downgrade back.
+ROUNDS = [pytest.param(("restart", "upgrade"), id="restart-upgrade"),
+          pytest.param(("SIGKILL", "downgrade"), marks=pytest.mark.long, id="SIGKILL-downgrade")]
+
+
+@pytest.mark.parametrize("rounds", ROUNDS)
+def test_restart_kill_upgrade_and_downgrade_under_io_change_nothing(
+        fleet: Fleet, tmp_path: Path, rounds: tuple[str, str]) -> None:
+    """On storage1 and gpu1 at once, each of ``rounds`` (:data:`ROUNDS`) while fio writes
+    and verifies on both GPU machines' pools. Nothing a consumer sees may change: fio has no
     error, the GPU machines' controllers stay ``live`` and their kernels log no trouble,
     the storage machines' nvmet trees and the GPU machines' mounts and controllers are
     byte-identical, each new agent's first pass changes nothing, /metrics answers except
@@ -286,7 +299,7 @@ def test_restart_kill_upgrade_and_downgrade_under_io_change_nothing(fleet: Fleet
 
     # Each action on storage1 and gpu1 at once: both control planes away together.
     with ThreadPoolExecutor(len(restarted)) as pool:
-        for what in actions:
+        for what in rounds:
             results = list(pool.map(once, restarted, [what] * len(restarted)))
             for other in fleet.machines:
                 after = view(fleet, other)
@@ -317,7 +330,8 @@ def test_restart_kill_upgrade_and_downgrade_under_io_change_nothing(fleet: Fleet
             written = job["write"]["io_bytes"]
             assert written > 0, (gpu, job["write"])
             print(f"KVAGENT-CI-LOG: faults: {gpu} fio on {job['jobname']}'s namespace wrote "
-                  f"{written / 2**20:.0f} MiB and verified it through the eight restarts, "
+                  f"{written / 2**20:.0f} MiB and verified it through "
+                  f"{' and '.join(rounds)} on storage1 and gpu1, "
                   f"0 errors; its slowest write took {job['write']['clat_ns']['max'] / 1e9:.2f}s")
 
     for name in fleet.machines:
@@ -644,7 +658,8 @@ def fault_gpu_power(fleet: Fleet, gpu: str = "gpu1") -> Measured:
     """``gpu``'s power cut while it writes, then turned on: at boot its pool is attached
     and mounted again (the same xfs, its log recovered) before the stand-in engine unit
     (behind kvagent-pool@kv.service) starts, and that engine reads back every block
-    fsync'd before the cut; the other GPU machine's writes never notice."""
+    fsync'd before the cut; nothing is under the mount points on the root filesystem and
+    each is sealed; the other GPU machine's writes never notice."""
     for name in fleet.machines:
         fleet.wait_pools_ready(name)
     writer = Writer(gpu, "storage1", "power").start(fleet)
@@ -672,6 +687,11 @@ def fault_gpu_power(fleet: Fleet, gpu: str = "gpu1") -> Measured:
                                "engine.service").stdout)
     assert 0 < gate <= engine, (gate, engine)
     assert fleet.sh(gpu, f"findmnt -n -o UUID -T {writer.target}").stdout.strip() == fs
+    # Nothing landed under the mount points on the root filesystem; each is sealed.
+    for storage in STORAGES:
+        found, flags, refused = root_below(fleet, gpu, mount_of(storage))
+        assert found == [] and "i" in flags.split()[0], (storage, found, flags)
+        assert "Operation not permitted" in refused, (storage, refused)
     fleet.sh(gpu, "systemctl disable -q --now engine.service; rm "
                   "/etc/systemd/system/engine.service; systemctl daemon-reload")
     blocks = durable + 1 + check_bystanders(fleet, others, cut_at)
@@ -761,23 +781,20 @@ def objects(fleet: Fleet) -> dict[str, list[str]]:
 
 
 def test_a_soak_of_faults_in_a_random_order(fleet: Fleet) -> None:
-    """The module's last test. Faults drawn at random (the seed printed;
-    ``KVAGENT_SOAK_SEED`` replays it): two, or as many as fit in ``KVAGENT_SOAK_MINUTES``
-    (people run 30), each checked as in its own test. Then, after every fault of the
+    """The module's last test: its other tests were faults in an order drawn from
+    :data:`SEED`; for ``KVAGENT_SOAK_MINUTES`` (people run 30) more faults follow, drawn
+    from the same seed, each checked as in its own test. Then, after every fault of the
     module: nothing leaked or went missing (each machine's nvmet tree, pool mounts and
     controllers as the fleet had them before its first fault), and every agent that ran
     throughout kept its RSS and open files flat."""
-    seed = int(os.environ.get("KVAGENT_SOAK_SEED") or random.randrange(2**32))
     minutes = float(os.environ.get("KVAGENT_SOAK_MINUTES", "0"))
-    rng = random.Random(seed)
-    print(f"KVAGENT-CI-LOG: faults: soak seed {seed} (KVAGENT_SOAK_SEED={seed} replays it), "
-          + (f"{minutes:g} minutes" if minutes else "2 faults"))
+    rng = random.Random(SEED)
     deadline = time.monotonic() + minutes * 60
     done: list[Measured] = []
-    while (len(done) < 2) if not minutes else (time.monotonic() < deadline):
+    while time.monotonic() < deadline:
         measured = FAULTS[rng.choice(sorted(FAULTS))](fleet, rng)
         done.append(measured)
-        print(f"KVAGENT-CI-LOG: faults: soak {len(done)}: {measured.line()}")
+        print(f"KVAGENT-CI-LOG: faults: soak {len(done)} (seed {SEED}): {measured.line()}")
     for name in fleet.machines:
         fleet.wait_pools_ready(name)
     now = objects(fleet)

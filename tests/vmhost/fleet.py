@@ -27,9 +27,11 @@ FLEET = [sys.executable, str(REPO / "scripts/fleet")]
 class Fleet:
     """Machines booted by ``scripts/fleet up`` in ``where`` (their disks, consoles, journals)."""
 
-    def __init__(self, where: Path, specs: list[str]):
+    def __init__(self, where: Path, specs: list[str], *, power_safe: bool = False):
         self.where = where
         self.specs = specs
+        #: disks that honour flushes (scripts/fleet up --power-safe): for power cuts
+        self.power_safe = power_safe
         self.machines: dict[str, dict] = {}
         #: each machine's pools in the config configure() wrote last
         self.pools: dict[str, set[str]] = {}
@@ -38,7 +40,8 @@ class Fleet:
         """Boot every machine; the seconds until the last answered SSH."""
         started = time.monotonic()
         done = subprocess.run([*FLEET, "up", str(self.where), *self.specs,
-                               "--timeout", str(timeout)],
+                               "--timeout", str(timeout),
+                               *(["--power-safe"] if self.power_safe else [])],
                               cwd=REPO, capture_output=True, text=True, check=False,
                               timeout=timeout + 600)
         assert done.returncode == 0, f"scripts/fleet up: {done.stdout}{done.stderr}"
@@ -80,6 +83,13 @@ class Fleet:
         assert done.returncode == 0, f"{name} did not come back: {done.stdout}{done.stderr}"
         return time.monotonic() - started
 
+    def fleet_command(self, *words: str, timeout: float = 1200) -> None:
+        """``scripts/fleet WORD DIR ARGS...`` (``cut``, ``heal``, ``poweroff``, ``poweron``)."""
+        done = subprocess.run([*FLEET, words[0], str(self.where), *words[1:]], cwd=REPO,
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        assert done.returncode == 0, f"scripts/fleet {' '.join(words)}: {done.stdout}" \
+            f"{done.stderr}"
+
     def address(self, name: str) -> str:
         return self.machines[name]["address"]
 
@@ -118,10 +128,27 @@ class Fleet:
             time.sleep(3)
 
 
-def lvm_storage_config(fleet: Fleet, storage: str, gpu: str, nqn_prefix: str, *,
-                       namespaces: int, more: str = "") -> str:
+def root_below(fleet: Fleet, name: str, mount_point: str) -> tuple[list[str], str, str]:
+    """What machine ``name``'s root filesystem holds under ``mount_point`` (seen through a
+    bind mount of /, so below whatever is mounted there): (the paths found under it, its
+    ``lsattr -d`` line, what ``touch`` of a new file in it said)."""
+    out = fleet.sh(name, f"mkdir -p /mnt/root && mount --bind / /mnt/root && "
+                         f"find /mnt/root{mount_point} -mindepth 1; "
+                         f"echo ==; lsattr -d /mnt/root{mount_point}; "
+                         f"touch /mnt/root{mount_point}/x 2>&1; umount /mnt/root",
+                   check=False).stdout
+    found, rest = out.split("==\n", 1)
+    flags, _, refused = rest.partition("\n")
+    return found.split(), flags, refused.strip()
+
+
+def lvm_storage_config(fleet: Fleet, storage: str, gpu: str | list[str], nqn_prefix: str,
+                       *, namespaces: int, more: str = "") -> str:
     """``storage``'s kvagent.yaml: pool kv on LVM on its first drive, ``namespaces`` of
-    1 GiB exported over NVMe/TCP on the private network to ``gpu`` (``more``: more pools)."""
+    1 GiB exported over NVMe/TCP on the private network to the GPU machine(s) ``gpu``
+    (``more``: more pools)."""
+    hosts = ", ".join(f'{{name: {name}, nqn: "{fleet.hostnqn(name)}"}}'
+                      for name in ([gpu] if isinstance(gpu, str) else gpu))
     return f"""version: 1
 node: {{name: {storage}, nqn_prefix: {nqn_prefix}}}
 target:
@@ -135,7 +162,7 @@ target:
         devices: [/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_{storage.upper()}0]
       namespaces: {{count: {namespaces}, size: 1GiB}}
       ports: [tcp0]
-      hosts: [{{name: {gpu}, nqn: "{fleet.hostnqn(gpu)}"}}]
+      hosts: [{hosts}]
 {more}health: {{listen: "127.0.0.1:9808", interval: 5s}}
 """
 

@@ -33,13 +33,10 @@ import pytest
 from .fleet import REPO, Fleet, build_newer_deb, lvm_storage_config, root_below
 
 #: Weight: its minutes under TCG (four machines; two rounds of agent restarts, one a
-#: package upgrade; two partitions, two power cuts), ranked among the tier's groups.
-#: Long for now (KVAGENT_LONG=1): in scripts/test beside the rest of the tier its machines
-#: held their slot for 1427 s and the run took over an hour (the fleets run one after the
-#: other, and this one waited 631 s for a slot). Marked long inside it (beyond that):
-#: two more rounds (SIGKILL, the downgrade) and the storage machine's clean reboot. The
-#: soak draws faults of its own only for KVAGENT_SOAK_MINUTES.
-pytestmark = [pytest.mark.vmhost(weight=25), pytest.mark.long]
+#: package upgrade; two partitions, two power cuts), ranked among the tier's groups. Long
+#: (KVAGENT_LONG=1): two more rounds (SIGKILL, the downgrade) and the storage machine's
+#: clean reboot. The soak draws faults of its own only for KVAGENT_SOAK_MINUTES.
+pytestmark = [pytest.mark.vmhost(weight=25)]
 #: The soak, the module's last test; the others run in an order drawn from :data:`SEED`
 #: (tests/vmhost/conftest.py sets both it and :data:`ORDER`, the tests' names).
 SOAK = "test_a_soak_of_faults_in_a_random_order"

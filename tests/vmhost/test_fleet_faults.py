@@ -246,7 +246,8 @@ def kernel_trouble(fleet: Fleet, name: str, since: float) -> list[str]:
 # ------------------------------------------------------------ restart, kill, upgrade
 
 #: Two rounds of the agent's restarts each: ``systemctl restart`` and ``apt install`` of a
-#: newer .deb; (long) SIGKILL (systemd restarts it) and the downgrade back.
+#: newer .deb; (long) SIGKILL (systemd restarts it) and the downgrade back, which needs
+#: the first round's upgrade before it (the module keeps them together and in order).
 ROUNDS = [pytest.param(("restart", "upgrade"), id="restart-upgrade"),
           pytest.param(("SIGKILL", "downgrade"), marks=pytest.mark.long, id="SIGKILL-downgrade")]
 

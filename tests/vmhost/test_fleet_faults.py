@@ -37,9 +37,8 @@ from .fleet import REPO, Fleet, build_newer_deb, lvm_storage_config, root_below
 #: (KVAGENT_LONG=1): two more rounds (SIGKILL, the downgrade) and the storage machine's
 #: clean reboot. The soak draws faults of its own only for KVAGENT_SOAK_MINUTES.
 pytestmark = [pytest.mark.vmhost(weight=25)]
-#: The soak, the module's last test; the others run in an order drawn from :data:`SEED`
-#: (tests/vmhost/conftest.py sets both it and :data:`ORDER`, the tests' names).
-SOAK = "test_a_soak_of_faults_in_a_random_order"
+#: The module's tests but the soak (:data:`SOAK`, its last) run in an order drawn from
+#: this seed (tests/vmhost/conftest.py sets both it and :data:`ORDER`, the tests' names).
 SEED = int(os.environ.get("KVAGENT_SOAK_SEED") or random.randrange(2**32))
 ORDER: list[str] = []
 STORAGES = ("storage1", "storage2")
@@ -814,3 +813,7 @@ def test_a_soak_of_faults_in_a_random_order(fleet: Fleet) -> None:
                 f"{name}: the agent's RSS grew {was_rss} -> {rss} KiB")
         print(f"KVAGENT-CI-LOG: faults: {name}'s agent across the module: pid {was_pid} -> "
               f"{pid}, RSS {was_rss} -> {rss} KiB, open files {was_fds} -> {fds}")
+
+
+#: The module's last test (tests/vmhost/conftest.py keeps it there).
+SOAK = test_a_soak_of_faults_in_a_random_order.__name__

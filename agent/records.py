@@ -194,12 +194,15 @@ class TargetRecords:
     pools: dict[str, PoolRecord] = field(default_factory=dict)
     claims: dict[str, DeviceClaim] = field(default_factory=dict)
     bindings: dict[tuple[str, int], Binding] = field(default_factory=dict)
+    #: The discovery referrals kvagent made: (port id, referral name).
+    referrals: set[tuple[int, str]] = field(default_factory=set)
     #: The schema of the file these records were read from (1: migrated on save).
     read_schema: int = field(default=SCHEMA, compare=False)
 
     @property
     def empty(self) -> bool:
-        return not (self.ports or self.hosts or self.pools or self.claims or self.bindings)
+        return not (self.ports or self.hosts or self.pools or self.claims or self.bindings
+                    or self.referrals)
 
     @classmethod
     def load(cls, state_dir: Path | str) -> TargetRecords:
@@ -233,7 +236,8 @@ class TargetRecords:
             hosts={str(h) for h in data.get("hosts", [])},
             pools={str(n): PoolRecord.from_json(p) for n, p in data.get("pools", {}).items()},
             claims={p: DeviceClaim.from_json(p, c) for p, c in data.get("claims", {}).items()},
-            bindings={b.key: b for b in bindings})
+            bindings={b.key: b for b in bindings},
+            referrals={(int(pid), str(name)) for pid, name in data.get("referrals", [])})
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -243,6 +247,7 @@ class TargetRecords:
             "claims": {p: {k: v for k, v in asdict(c).items() if k != "path"}
                        for p, c in sorted(self.claims.items())},
             "bindings": [b.to_json() for _, b in sorted(self.bindings.items())],
+            "referrals": [[pid, name] for pid, name in sorted(self.referrals)],
         }
 
     def snapshot(self) -> TargetRecords:
@@ -250,7 +255,7 @@ class TargetRecords:
         save). Its containers are copied; what they hold is immutable."""
         return replace(self, ports=set(self.ports), hosts=set(self.hosts),
                        pools=dict(self.pools), claims=dict(self.claims),
-                       bindings=dict(self.bindings))
+                       bindings=dict(self.bindings), referrals=set(self.referrals))
 
     def save(self, state_dir: Path | str) -> None:
         """Write schema 2 atomically; a schema-1 claims file goes once its content is in."""

@@ -446,11 +446,27 @@ class TargetPool:
 
 
 @dataclass(frozen=True)
+class PeerConfig:
+    """Another storage host's discovery port, which this host's ports refer GPU hosts to."""
+
+    name: Name = doc_field("The peer's name (its referral on each port is kvagent-<name>).")
+    transport: Transport = doc_field("'tcp' or 'rdma'.")
+    address: IPAddress = doc_field("The peer's port address.")
+    service: int = doc_field("The peer's TCP port / RDMA service id.", 4420,
+                             minimum=1, maximum=65535)
+
+
+@dataclass(frozen=True)
 class TargetConfig:
     """The storage-host role: ports and pools."""
 
     ports: tuple[PortConfig, ...] = doc_field("Ports the target listens on.", ())
     pools: tuple[TargetPool, ...] = doc_field("Pools to export.", ())
+    peers: tuple[PeerConfig, ...] = doc_field(
+        "The other storage hosts' discovery ports: every port of this host carries an NVMe "
+        "discovery referral to each, so a GPU host that discovers at any one storage host "
+        "finds them all (initiator pools follow referrals). The same list may go to every "
+        "storage host: a peer that is one of this host's own ports is left out.", ())
     address_wait: Duration = doc_field(
         "How long apply waits for a port's address to appear (after boot) before failing "
         "that port.",
@@ -468,6 +484,12 @@ class TargetConfig:
             yield ("ports", i), (
                 f"{ep[0]} {ep[1]}:{ep[2]} is the same endpoint as ports[{first}]"
             )
+        for i, name, first in duplicates((i, p.name) for i, p in enumerate(self.peers)):
+            yield ("peers", i, "name"), f"peer name {name!r} is used twice (also peers[{first}])"
+        for i, ep, first in duplicates(
+            (i, (p.transport, p.address, p.service)) for i, p in enumerate(self.peers)
+        ):
+            yield ("peers", i), f"{ep[0]} {ep[1]}:{ep[2]} is listed twice (also peers[{first}])"
         for i, name, first in duplicates((i, p.name) for i, p in enumerate(self.pools)):
             yield ("pools", i, "name"), f"pool name {name!r} is used twice (also pools[{first}])"
         port_names = [p.name for p in self.ports]

@@ -1,17 +1,25 @@
 """The storage-host pass of plan/apply: backings, then the nvmet tree, idempotently.
 
-Order: read kvagent's records and the live nvmet tree (a failed read aborts: never
-"empty"); check that this host still exports under the name its records say (a
-renamed node would export the same storage twice); plan each pool's backing with its
-driver; check each namespace's identity against its binding — storage never changes
-under a known uuid, and no storage is exported twice — keeping a refused namespace
-exactly as it is live; run the backing steps (apply only); build the desired nvmet
-tree — a pool whose backing failed keeps exactly its live objects, so it degrades
-alone and nothing of it is torn down — and plan it against the live tree within
-kvagent's scope (its own subsystems, the ports and hosts it created); record intent
-(bindings, ports and hosts about to be created); apply; retry links whose address is
-not configured yet (EADDRNOTAVAIL) until ``target.address_wait`` runs out; record the
-outcome.
+:meth:`TargetPass.run` reads kvagent's records and the live nvmet tree (a failed read
+aborts: never "empty") and checks that this host still exports under the name its
+records say (a renamed node would export the same storage twice). Then one
+:class:`~agent.target.work.PoolWork` per pool travels through the stages, each of which
+may fail a pool (it then degrades alone: it keeps exactly its live objects, nothing of
+it is torn down):
+
+1. plan each pool's backing with its driver (reads storage only);
+2. the hosts' DH-HMAC-CHAP, then 3. TLS: a pool this host cannot serve so fails;
+4. check each namespace's identity against its binding — storage never changes under a
+   known uuid, and no storage is exported twice — keeping a refused namespace exactly
+   as it is live;
+5. run the backing steps (apply only);
+6. build the desired nvmet tree;
+7. refer GPU hosts to the peers on every port (:mod:`agent.target.referrals`).
+
+The desired tree is planned against the live one within kvagent's scope (its own
+subsystems, the ports and hosts it created); apply records intent (bindings, ports and
+hosts about to be created), applies, retries links whose address is not configured yet
+(EADDRNOTAVAIL) until ``target.address_wait`` runs out, and records the outcome.
 """
 
 from __future__ import annotations
@@ -44,17 +52,18 @@ from ..system.run import Runner
 from ..tlspsk import read_psk
 from .auth import HOST_FILES, SECRET_FILES, plan_host_auth, wants_auth
 from .backings import driver_for
-from .backings.base import BackingPlan, PassContext, Volume
+from .backings.base import BackingPlan, PassContext, Step, Volume
 from .desired import pool_layout, pool_nqn
 from .export import desired_hosts, desired_port, export_pool
+from .referrals import PREFIX, port_referrals, referred_peers
 from .tls import on_tls_port, tls_errors, wants_tls
 from .usage import device_usage
+from .work import PoolWork, StoragePass
 
 #: What one round of configfs writes may take, on top of ``target.address_wait``.
 APPLY_ROUND_BOUND = 30.0
 
 log = get_logger("target")
-Key = tuple[str | None, int]
 
 
 #: What the records need after an apply: names, links and which namespaces are enabled.
@@ -206,14 +215,41 @@ class TargetPass:
 
     # -------------------------------------------------------------------- pass
     def run(self) -> None:
+        """Read, then the stages in order, then plan nvmet; apply and record (not when
+        planning). Every stage sees the same :class:`StoragePass`."""
+        state = self._read()
+        if state is None:
+            return
+        failpoints.point("target.plan")
+        for stage in (self._plan_backings, self._check_auth, self._check_tls,
+                      self._check_identities, self._run_steps, self._build_desired,
+                      self._refer_peers):
+            stage(state)
+        actions = self._plan_nvmet(state)
+        if actions is None:
+            return
+        if self.dry_run:
+            for a in actions:
+                self._record_nvmet(a, "planned")
+            self._insert_psks(state)
+            return
+        self._record_intent(state)
+        self._apply(actions, state)
+        self._insert_psks(state)
+        self._record_outcome(state)
+
+    def _read(self) -> StoragePass | None:
+        """kvagent's records and the live nvmet tree, with this host's identity checked
+        (None: nothing to do, or a failure already reported: a failed read is never
+        "empty")."""
         cfg = self.cfg
         try:
             records = TargetRecords.load(self.state_dir)
         except KvagentError as exc:
             self.result.error("target", None, exc.message, exc.hint)
-            return
+            return None
         if cfg.target is None and records.empty:
-            return
+            return None
         if not self.dry_run:
             self._load_modules()
         feats: nvmet.Features | None
@@ -234,79 +270,32 @@ class TargetPass:
         except NvmetUnavailable as exc:
             if not self.dry_run:
                 self.result.error("target", None, exc.message, exc.hint)
-                return
+                return None
             # Planning on a host where nvmet is not loaded yet: apply loads it, then
             # everything is created from an empty tree.
             self._act(None, "modprobe", "nvmet", "the kernel target is not loaded yet")
             live, feats, have = Tree(), None, None
         except NvmetError as exc:
             self.result.error("target", None, exc.message, exc.hint)
-            return
+            return None
         problem = node_identity_problem(cfg, records, live)
         if problem is not None:
             self.result.error("target", None, *problem)
-            return
-        failpoints.point("target.plan")
+            return None
         pools = list(cfg.target.pools) if cfg.target else []
-        ctx = self._context(pools, records, live)
-        plans = self._plan_backings(ctx, pools)
-        failed = {name for name, p in plans.items() if p.errors}
-        auth = plan_host_auth(pools, live, feats, owned_hosts=records.hosts,
-                              subsystem_prefix=self.prefix)
-        for name, problems in auth.errors.items():
-            for message, hint in problems:
-                self.result.error("target", name, message, hint)
-            failed.add(name)
-        for name, problems in tls_errors(cfg, pools, feats).items():
-            for message, hint in problems:
-                self.result.error("target", name, message, hint)
-            failed.add(name)
-        kept = self._check_identities(ctx, pools, plans, failed)
-        skip = {(name, key) for name, keys in kept.items() for key in keys}
-        skip |= {(name, (w.host, w.nsid)) for name, p in plans.items() for w in p.withheld}
-        if not self.dry_run:
-            failed |= self._run_steps(plans, failed, skip)
-        else:
-            for name, plan in plans.items():
-                for step in plan.steps:
-                    if (name, step.volume) not in skip:
-                        self._act(step.pool, step.kind, step.subject, step.detail)
-        desired, port_ids = self._desired(ctx, pools, plans, failed, kept, auth.attrs)
-        scope = nvmet.Scope.owned(subsystem_prefix=self.prefix,
-                                  port_ids=records.ports | port_ids,
-                                  hosts=records.hosts | set(desired.hosts))
-        revalidate = self._revalidate(ctx, plans, failed, skip, desired)
-        spec = nvmet.read_spec(desired, feats)
-        try:
-            if have is not None and not have.covers(spec):
-                # The desired tree mentions a file the first read left out: read just those.
-                live = nvmet.read_more(self.fs, live, have, spec)
-            actions = nvmet.plan(desired, live, scope, feats, revalidate)
-        except PlanError as exc:
-            self.result.error("target", None, exc.message, exc.hint)
-            return
-        except NvmetError as exc:
-            self.result.error("target", None, exc.message, exc.hint)
-            return
-        if self.dry_run:
-            for a in actions:
-                self._record_nvmet(a, "planned")
-            self._insert_psks(pools, failed, desired)
-            return
-        assert feats is not None
-        self._record_intent(records, live, desired, port_ids, plans, failed, skip)
-        self._apply(actions, desired, scope, feats, spec)
-        self._insert_psks(pools, failed, desired)
-        self._record_outcome(records, live, pools, failed, plans, skip)
+        return StoragePass(records, live, feats, have, self._context(pools, records, live),
+                           [PoolWork(pool) for pool in pools])
 
-    def _insert_psks(self, pools: list[TargetPool], failed: set[str], desired: Tree) -> None:
+    def _insert_psks(self, state: StoragePass) -> None:
         """Each host of a pool on a TLS port: its PSK in the ``.nvme`` keyring for the
         pool's subsystems that allow it and for discovery (where missing or rotated)."""
         keyring = PskKeyring(self.runner, str(self.state_dir))
-        for pool in pools:
-            if pool.name in failed or not on_tls_port(self.cfg, pool):
+        for work in state.alive():
+            pool = work.pool
+            if not on_tls_port(self.cfg, pool):
                 continue
-            subs = [s for s in desired.subsystems.values() if self._pool_of(s.nqn) == pool.name]
+            subs = [s for s in state.desired.subsystems.values()
+                    if self._pool_of(s.nqn) == pool.name]
             for host in pool.hosts:
                 if host.tls is None:
                     continue
@@ -336,55 +325,65 @@ class TargetPass:
                              {nqn: self._pool_of(nqn) for nqn in exported.values()})
         return PassContext(self.cfg, self.runner, records, live, usage, self.dry_run)
 
-    def _plan_backings(self, ctx: PassContext, pools: list[TargetPool]) -> dict[str, BackingPlan]:
-        plans: dict[str, BackingPlan] = {}
-        for pool in pools:
+    # ------------------------------------------------------------------ stages
+    def _plan_backings(self, state: StoragePass) -> None:
+        """Stage: each pool's backing planned by its driver (reads storage only)."""
+        for work in state.works:
+            pool = work.pool
             try:
                 with progress.working_on(pool.name):
-                    plan = driver_for(pool).plan(ctx, pool)
+                    work.plan = driver_for(pool).plan(state.ctx, pool)
             except KvagentError as exc:
-                plan = BackingPlan(errors=[f"pool {pool.name}: {exc}"])
+                work.plan = BackingPlan(errors=[f"pool {pool.name}: {exc}"])
             except Exception as exc:  # a bug or an unforeseen error: this pool fails alone
                 log.error("unexpected error planning a pool", pool=pool.name, exc_info=exc)
                 self.result.unexpected("target", pool.name, exc, f"pool {pool.name}: ")
-                plans[pool.name] = BackingPlan(errors=[self.result.errors[-1].message])
+                work.plan = BackingPlan(errors=[self.result.errors[-1].message])
+                work.failed = True
                 continue
-            for message in plan.errors:
+            for message in work.plan.errors:
                 self.result.error("target", pool.name, message)
-            for w in plan.withheld:
+            for w in work.plan.withheld:
                 self.result.error("target", pool.name, w.reason)
-            plans[pool.name] = plan
-        return plans
+            work.failed = bool(work.plan.errors)
 
-    # --------------------------------------------------------------- identity
-    def _check_identities(self, ctx: PassContext, pools: list[TargetPool],
-                          plans: dict[str, BackingPlan],
-                          failed: set[str]) -> dict[str, dict[Key, Namespace | None]]:
-        """Refuse every volume that would move a namespace's identity or export storage twice.
+    def _check_auth(self, state: StoragePass) -> None:
+        """Stage: the hosts' DH-HMAC-CHAP attributes; a pool whose hosts' auth cannot be
+        served (or would be turned off) fails."""
+        auth = plan_host_auth(state.pools, state.live, state.feats,
+                              owned_hosts=state.records.hosts, subsystem_prefix=self.prefix)
+        state.host_attrs = auth.attrs
+        self._fail_pools(state, auth.errors)
 
-        Returns, per pool, the refused namespaces and the live namespace to keep in
-        their place (None when there is none live).
-        """
-        live = ctx.live
+    def _check_tls(self, state: StoragePass) -> None:
+        """Stage: a pool on a TLS port this host cannot serve with TLS fails."""
+        self._fail_pools(state, tls_errors(self.cfg, state.pools, state.feats))
+
+    def _fail_pools(self, state: StoragePass,
+                    problems: dict[str, list[tuple[str, str | None]]]) -> None:
+        for work in state.works:
+            for message, hint in problems.get(work.name, ()):
+                self.result.error("target", work.name, message, hint)
+                work.failed = True
+
+    def _check_identities(self, state: StoragePass) -> None:
+        """Stage: refuse every volume that would move a namespace's identity or export
+        storage twice; the live namespace (if any) is kept in its place."""
         exported: dict[tuple[object, ...], tuple[str, int]] = {}
-        for sub in live.subsystems.values():
+        for sub in state.live.subsystems.values():
             for ns in sub.namespaces.values():
                 if ns.device_path:
                     exported[self._storage_key(ns.device_path)] = (sub.nqn, ns.nsid)
-        kept: dict[str, dict[Key, Namespace | None]] = {}
-        for pool in pools:
-            if pool.name in failed:
-                continue
-            for vol in plans[pool.name].volumes:
-                nqn = ctx.nqn(pool.name, vol.host)
-                sub = live.subsystems.get(nqn)
+        for work in state.alive():
+            for vol in work.plan.volumes:
+                nqn = state.ctx.nqn(work.name, vol.host)
+                sub = state.live.subsystems.get(nqn)
                 live_ns = sub.namespaces.get(vol.nsid) if sub else None
-                reason = self._refusal(ctx, pool, vol, nqn, live_ns, exported)
+                reason = self._refusal(state.ctx, work.pool, vol, nqn, live_ns, exported)
                 if reason is None:
                     continue
-                kept.setdefault(pool.name, {})[vol.key] = live_ns
-                self.result.error("target", pool.name, *reason)
-        return kept
+                work.refused[vol.key] = live_ns
+                self.result.error("target", work.name, *reason)
 
     def _refusal(self, ctx: PassContext, pool: TargetPool, vol: Volume, nqn: str,
                  live_ns: Namespace | None,
@@ -422,49 +421,48 @@ class TargetPass:
                 f"`kvagent apply --rebind {pool.name}` re-points it with a new identity "
                 "(GPU hosts then see a new, different namespace)")
 
-    # ------------------------------------------------------------------ steps
-    def _run_steps(self, plans: dict[str, BackingPlan], failed: set[str],
-                   skip: set[tuple[str, Key]]) -> set[str]:
-        newly_failed: set[str] = set()
-        for name, plan in plans.items():
-            if name in failed:
-                continue
-            for step in plan.steps:
-                if (name, step.volume) in skip:
+    def _run_steps(self, state: StoragePass) -> None:
+        """Stage: each pool's backing steps (apply), or reported as planned (dry run). A
+        step that fails fails its pool alone, and that pool's later steps are not run."""
+        for work in state.alive():
+            for step in work.plan.steps:
+                if work.skips(step.volume):
+                    continue
+                if self.dry_run:
+                    self._act(step.pool, step.kind, step.subject, step.detail)
                     continue
                 try:
-                    with progress.working_on(name):
+                    with progress.working_on(work.name):
                         step.run()
                 except Exception as exc:  # expected or not, it fails this pool alone
-                    expected = isinstance(exc, (KvagentError, OSError))
-                    message = str(exc) if expected else \
-                        f"unexpected error: {type(exc).__name__}: {exc}"
-                    self._act(name, step.kind, step.subject, step.detail, "failed", message)
-                    if expected:
-                        self.result.error("target", name,
-                                          f"{step.kind} {step.subject}: {message}")
-                    else:
-                        log.error("unexpected error in a step", pool=name, step=step.kind,
-                                  exc_info=exc)
-                        self.result.unexpected("target", name, exc,
-                                               f"{step.kind} {step.subject}: ")
-                    newly_failed.add(name)
+                    self._step_failed(work, step, exc)
                     break
-                self._act(name, step.kind, step.subject, step.detail, "done")
-        return newly_failed
+                self._act(work.name, step.kind, step.subject, step.detail, "done")
 
-    # ---------------------------------------------------------------- desired
-    def _desired(self, ctx: PassContext, pools: list[TargetPool], plans: dict[str, BackingPlan],
-                 failed: set[str], kept: dict[str, dict[Key, Namespace | None]],
-                 host_attrs: dict[str, dict[str, str]]) -> tuple[Tree, set[int]]:
-        cfg, live, records = self.cfg, ctx.live, ctx.records
+    def _step_failed(self, work: PoolWork, step: Step, exc: Exception) -> None:
+        expected = isinstance(exc, (KvagentError, OSError))
+        message = str(exc) if expected else f"unexpected error: {type(exc).__name__}: {exc}"
+        self._act(work.name, step.kind, step.subject, step.detail, "failed", message)
+        if expected:
+            self.result.error("target", work.name, f"{step.kind} {step.subject}: {message}")
+        else:
+            log.error("unexpected error in a step", pool=work.name, step=step.kind,
+                      exc_info=exc)
+            self.result.unexpected("target", work.name, exc, f"{step.kind} {step.subject}: ")
+        work.failed = True
+
+    def _build_desired(self, state: StoragePass) -> None:
+        """Stage: the desired nvmet tree. A failed pool keeps exactly its live objects
+        (it degrades alone); every other exports its volumes, and the refused namespaces
+        as they are live."""
+        cfg, live = self.cfg, state.live
         subsystems: dict[str, Subsystem] = {}
         links: dict[int, set[str]] = {}
         # Model and serial may be fixed only on subsystems a host could have identified.
         fixed_nqns = frozenset(n for port in live.ports.values() for n in port.subsystems)
-        for pool in pools:
-            if pool.name in failed:
-                # Degrade alone: keep exactly what is live for this pool.
+        for work in state.works:
+            pool = work.pool
+            if work.failed:
                 for nqn, sub in live.subsystems.items():
                     if self._pool_of(nqn) == pool.name:
                         subsystems[nqn] = sub
@@ -472,20 +470,27 @@ class TargetPass:
                             if nqn in port.subsystems:
                                 links.setdefault(pid, set()).add(nqn)
                 continue
-            refused = kept.get(pool.name, {})
-            volumes = [v for v in plans[pool.name].volumes if v.key not in refused]
-            keep = {k: ns for k, ns in refused.items() if ns is not None}
-            hosts = driver_for(pool).layout(pool, records).keys()
-            export = export_pool(cfg, pool, hosts, volumes, fixed_nqns, keep)
+            keep = {k: ns for k, ns in work.refused.items() if ns is not None}
+            hosts = driver_for(pool).layout(pool, state.records).keys()
+            export = export_pool(cfg, pool, hosts, work.volumes(), fixed_nqns, keep)
             if pool.allow_any_host and export.subsystems:
                 log.warning("pool lets any host connect (allow_any_host)", pool=pool.name)
             for sub in export.subsystems:
                 subsystems[sub.nqn] = sub
                 for pid in export.ports:
                     links.setdefault(pid, set()).add(sub.nqn)
+        ports = self._desired_ports(state, links)
+        hosts = {h for sub in subsystems.values() for h in sub.allowed_hosts}
+        state.desired = Tree(hosts=desired_hosts(hosts, state.host_attrs),
+                             subsystems=list(subsystems.values()), ports=list(ports.values()))
+        state.port_ids = set(ports)
+
+    def _desired_ports(self, state: StoragePass, links: dict[int, set[str]]) -> dict[int, Port]:
+        """The configured ports kvagent may have (never one it did not create), linking
+        ``links``; a port no longer configured stays while a failed pool is linked to it."""
+        live, records = state.live, state.records
         ports: dict[int, Port] = {}
-        accepted: set[int] = set()
-        for pc in cfg.target.ports if cfg.target else ():
+        for pc in self.cfg.target.ports if self.cfg.target else ():
             lport = live.ports.get(pc.id)
             if lport is not None and pc.id not in records.ports:
                 linked = sorted(lport.subsystems)
@@ -502,42 +507,78 @@ class TargetPass:
             if pc.tls != "none" and tsas is False:
                 continue  # its pools failed: never a port without the TLS it asks for
             ports[pc.id] = desired_port(pc, links.get(pc.id, set()), bool(tsas))
-            accepted.add(pc.id)
         # Links of errored pools on ports no longer configured stay as they are.
         for pid, nqns in links.items():
             if pid not in ports and pid in live.ports and pid in records.ports:
                 old = live.ports[pid]
                 ports[pid] = Port(id=pid, addr=old.addr, params=old.params,
                                   subsystems=frozenset(nqns))
-                accepted.add(pid)
-        hosts = {h for sub in subsystems.values() for h in sub.allowed_hosts}
-        tree = Tree(hosts=desired_hosts(hosts, host_attrs), subsystems=list(subsystems.values()),
-                    ports=list(ports.values()))
-        return tree, accepted
+        return ports
 
-    def _revalidate(self, ctx: PassContext, plans: dict[str, BackingPlan], failed: set[str],
-                    skip: set[tuple[str, Key]], desired: Tree) -> list[tuple[str, int]]:
+    def _refer_peers(self, state: StoragePass) -> None:
+        """Stage: each configured port of the desired tree refers GPU hosts to every peer
+        (:mod:`agent.target.referrals`); referrals kvagent did not make stay as they are."""
+        peers = referred_peers(self.cfg)
+        configured = {pc.id for pc in self.cfg.target.ports} if self.cfg.target else set()
+        ports = []
+        for port in state.desired.ports.values():
+            refs, taken = (port_referrals(port.id, peers, state.live.ports.get(port.id),
+                                          state.records.referrals)
+                           if port.id in configured else (None, []))
+            for name in taken:
+                self.result.error(
+                    "target", None,
+                    f"nvmet port {port.id}: referral {name} exists and kvagent did not make "
+                    "it; kvagent never changes a referral it did not make, so this port does "
+                    f"not refer to peer {name.removeprefix(PREFIX)}",
+                    f"remove ports/{port.id}/referrals/{name} yourself if nothing needs it, "
+                    "or rename the peer in target.peers")
+            ports.append(dataclasses.replace(port, referrals=refs) if refs is not None
+                         else port)
+        state.desired = dataclasses.replace(state.desired, ports=ports)
+
+    def _plan_nvmet(self, state: StoragePass) -> list[Action] | None:
+        """The nvmet actions from the live tree to the desired one, within kvagent's scope
+        (its own subsystems, the ports and hosts it created); None: planning failed
+        (reported)."""
+        desired, records = state.desired, state.records
+        state.scope = nvmet.Scope.owned(subsystem_prefix=self.prefix,
+                                       port_ids=records.ports | state.port_ids,
+                                       hosts=records.hosts | set(desired.hosts))
+        revalidate = self._revalidate(state)
+        state.spec = nvmet.read_spec(desired, state.feats)
+        try:
+            if state.have is not None and not state.have.covers(state.spec):
+                # The desired tree mentions a file the first read left out: read just those.
+                state.live = nvmet.read_more(self.fs, state.live, state.have, state.spec)
+            return nvmet.plan(desired, state.live, state.scope, state.feats, revalidate)
+        except (PlanError, NvmetError) as exc:
+            self.result.error("target", None, exc.message, exc.hint)
+            return None
+
+    def _revalidate(self, state: StoragePass) -> list[tuple[str, int]]:
         """Namespaces whose volume grew: by a step now, or past the size nvmet last read
         (a pass killed between growing a volume and telling nvmet)."""
-        grown = {s.grown for name, p in plans.items() if name not in failed
-                 for s in p.steps if s.grown and (name, s.volume) not in skip}
-        for name, plan in plans.items():
-            for vol in plan.volumes:
-                bound = ctx.records.bindings.get((pool_nqn(self.cfg, name, vol.host), vol.nsid))
-                if (name not in failed and (name, vol.key) not in skip and vol.size
-                        and bound and bound.size is not None and bound.size < vol.size):
+        grown = {s.grown for w in state.alive() for s in w.plan.steps
+                 if s.grown and not w.skips(s.volume)}
+        for work in state.alive():
+            for vol in work.volumes():
+                bound = state.records.bindings.get(
+                    (pool_nqn(self.cfg, work.name, vol.host), vol.nsid))
+                if vol.size and bound and bound.size is not None and bound.size < vol.size:
                     grown.add(vol.path)
-        live = {(sub.nqn, nsid) for sub in ctx.live.subsystems.values()
+        live = {(sub.nqn, nsid) for sub in state.live.subsystems.values()
                 for nsid in sub.namespaces}
-        return [(sub.nqn, ns.nsid) for sub in desired.subsystems.values()
+        return [(sub.nqn, ns.nsid) for sub in state.desired.subsystems.values()
                 for ns in sub.namespaces.values()
                 if ns.device_path in grown and (sub.nqn, ns.nsid) in live]
 
     # ------------------------------------------------------------------ apply
-    def _apply(self, actions: list[Action], desired: Tree, scope: nvmet.Scope,
-               feats: nvmet.Features, spec: nvmet.ReadSpec) -> None:
+    def _apply(self, actions: list[Action], state: StoragePass) -> None:
         wait = self.cfg.target.address_wait if self.cfg.target else 0
         rounds: list[nvmet.ApplyResult] = []
+        feats, desired, scope, spec = state.feats, state.desired, state.scope, state.spec
+        assert feats is not None and scope is not None and spec is not None
 
         def one_round() -> nvmet.ApplyResult:
             todo = actions if not rounds else nvmet.plan(
@@ -549,12 +590,12 @@ class TargetPass:
         def address_missing(res: nvmet.ApplyResult) -> bool:
             return any(isinstance(e, AddressNotAvailable) for e in res.errors)
 
-        def before_sleep(state: RetryCallState) -> None:
-            res = state.outcome.result() if state.outcome else None
+        def before_sleep(retry: RetryCallState) -> None:
+            res = retry.outcome.result() if retry.outcome else None
             ports = sorted({e.path.split("/")[1] for e in (res.errors if res else [])
                             if isinstance(e, AddressNotAvailable) and e.path})
             log.info("waiting for port addresses to appear", ports=ports,
-                     waited=round(state.seconds_since_start, 1), limit=wait)
+                     waited=round(retry.seconds_since_start, 1), limit=wait)
 
         started = time.monotonic()
         # One bounded step for the watchdog: the rounds of configfs writes (each well
@@ -590,42 +631,37 @@ class TargetPass:
                 f"{waited:.0f}s (target.address_wait: {wait:g}s){what}")
 
     # ---------------------------------------------------------------- records
-    def _record_intent(self, records: TargetRecords, live: Tree, desired: Tree,
-                       port_ids: set[int], plans: dict[str, BackingPlan], failed: set[str],
-                       skip: set[tuple[str, Key]]) -> None:
+    def _record_intent(self, state: StoragePass) -> None:
         """Before touching nvmet: the ports and hosts about to be created, the bindings.
 
         Recorded first, so that a kill between creating an object and recording it
         never leaves one that kvagent would then refuse as not its own.
         """
+        records, live = state.records, state.live
         snapshot = records.snapshot()
         records.node, records.nqn_prefix = self.cfg.node.name, self.cfg.node.nqn_prefix
-        records.ports |= {pid for pid in port_ids if pid not in live.ports}
-        records.hosts |= {h for h in desired.hosts if h not in live.hosts}
-        for name, plan in plans.items():
-            if name in failed:
-                continue
-            for vol in plan.volumes:
-                if (name, vol.key) in skip:
-                    continue
-                nqn = pool_nqn(self.cfg, name, vol.host)
+        records.ports |= {pid for pid in state.port_ids if pid not in live.ports}
+        records.hosts |= {h for h in state.desired.hosts if h not in live.hosts}
+        records.referrals |= _referrals(state.desired) - _referrals(live)
+        for work in state.works:
+            for vol in work.volumes():
+                nqn = pool_nqn(self.cfg, work.name, vol.host)
                 old = records.bindings.get((nqn, vol.nsid))
                 # The storage by kind and path only: its description changes once it exists
                 # (a new LV gets an LVM uuid), its identity (vol.uuid) does not.
                 records.bindings[(nqn, vol.nsid)] = Binding(
-                    nqn, vol.nsid, vol.uuid, vol.nguid, name, vol.host,
+                    nqn, vol.nsid, vol.uuid, vol.nguid, work.name, vol.host,
                     Storage(vol.storage.kind, vol.storage.path),
                     old.size if old is not None and _same_id(old.uuid, vol.uuid) else None)
         if records != snapshot or records.read_schema != SCHEMA:
             records.save(self.state_dir)
 
-    def _record_outcome(self, records: TargetRecords, before: Tree, pools: list[TargetPool],
-                        failed: set[str], plans: dict[str, BackingPlan],
-                        skip: set[tuple[str, Key]]) -> None:
+    def _record_outcome(self, state: StoragePass) -> None:
         """After apply: forget ports and hosts that are gone, and the bindings of namespaces
         the config no longer exports (their identity is free again); record the pools."""
+        records = state.records
         if self.result.configfs_writes == 0:
-            after = before  # nothing was written: no need to read the tree again
+            after = state.live  # nothing was written: no need to read the tree again
         else:
             try:
                 after = nvmet.read(self.fs, spec=OUTCOME_SPEC)
@@ -636,7 +672,8 @@ class TargetPass:
         snapshot = records.snapshot()
         records.ports &= set(after.ports)
         records.hosts &= set(after.hosts)
-        wanted = {(nqn, nsid) for pool in pools
+        records.referrals &= _referrals(after)
+        wanted = {(nqn, nsid) for pool in state.pools
                   for nqn, nsids in pool_layout(self.cfg, pool, records).items()
                   for nsid in nsids}
         live_keys = {(sub.nqn, nsid) for sub in after.subsystems.values()
@@ -646,22 +683,26 @@ class TargetPass:
         enabled = {(sub.nqn, nsid) for sub in after.subsystems.values()
                    for nsid, ns in sub.namespaces.items() if ns.enable}
         failed_paths = {a.subject for a in self.result.actions if a.status == "failed"}
-        for name, plan in plans.items():
-            for vol in plan.volumes:
-                key = (pool_nqn(self.cfg, name, vol.host), vol.nsid)
+        for work in state.works:
+            for vol in work.volumes():
+                key = (pool_nqn(self.cfg, work.name, vol.host), vol.nsid)
                 bound = records.bindings.get(key)
                 ns_path = f"subsystems/{key[0]}/namespaces/{key[1]}"
                 if (bound is not None and vol.size is not None and bound.size != vol.size
                         and key in enabled
-                        and (name, vol.key) not in skip and name not in failed
                         and not any(p.startswith(ns_path) for p in failed_paths)
                         and _same_id(bound.uuid, vol.uuid)):
                     records.bindings[key] = dataclasses.replace(bound, size=vol.size)
-        for pool in pools:
-            if pool.name not in failed:
-                records.pools[pool.name] = driver_for(pool).record(pool)
+        for work in state.alive():
+            records.pools[work.name] = driver_for(work.pool).record(work.pool)
         if records != snapshot:
             records.save(self.state_dir)
+
+
+def _referrals(tree: Tree) -> set[tuple[int, str]]:
+    """Every referral of ``tree`` whose name kvagent gives, as (port id, name)."""
+    return {(pid, name) for pid, port in tree.ports.items() for name in port.referrals or {}
+            if name.startswith(PREFIX)}
 
 
 def _same_id(a: str, b: str) -> bool:

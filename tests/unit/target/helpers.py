@@ -70,10 +70,11 @@ def file_pool(root: Path, name: str = "kv", count: int = 2, size: str = "4MiB",
 
 
 def config(root: Path, pools: list[dict[str, Any]], *, wait: str = "0s",
-           extra_ports: tuple[dict[str, Any], ...] = ()) -> Config:
+           extra_ports: tuple[dict[str, Any], ...] = (),
+           peers: tuple[dict[str, Any], ...] = ()) -> Config:
     data = {"version": 1, "node": {"name": "stor", "state_dir": str(root / "state"),
                                    "run_dir": str(root / "run")},
-            "target": {"address_wait": wait, "pools": pools, "ports": [
+            "target": {"address_wait": wait, "pools": pools, "peers": list(peers), "ports": [
                 {"name": "lo", "id": 1, "transport": "tcp", "address": "127.0.0.1"},
                 *extra_ports]}}
     return parse_config(yaml.safe_dump(data))
@@ -93,11 +94,10 @@ class Target:
         # Files created during this pass: register them as the applier would meet them.
         original = reconcile.TargetPass._run_steps
 
-        def run_steps(pass_: TargetPass, plans, failed, skip):  # type: ignore[no-untyped-def]
-            out = original(pass_, plans, failed, skip)
+        def run_steps(pass_: TargetPass, state):  # type: ignore[no-untyped-def]
+            original(pass_, state)
             for path in self.root.rglob("*.img"):
                 self.fs.add_device(str(path), "file")
-            return out
 
         result = RunResult(dry_run=dry_run)
         self.fs.start_session()

@@ -284,6 +284,199 @@ def test_inconsistent_inventories_fail_with_clear_messages(tmp_path: Path) -> No
         assert not (out / host / "kvagent.yaml").exists(), host
 
 
+# --- the discovery referral mesh (kvagent_discovery_seeds) -------------------------------
+
+# One NQN per GPU host for every render below: renders compare byte for byte.
+MESH_NQNS = {gpu: f"nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000000{i}"
+             for i, gpu in enumerate(GPUS, 1)}
+# A third storage host that serves llama70b to gpu-01 and gpu-02 as well (its RDMA port
+# without a service: the peer has none either, kvagent's default applies).
+STOR_03 = {
+    "kvagent_target_ports": [
+        {"name": "tcp0", "id": 1, "transport": "tcp", "address": "10.0.0.13", "service": 4420},
+        {"name": "roce0", "id": 2, "transport": "rdma", "address": "10.0.1.13"}],
+    "kvagent_target_pools": [
+        {"name": "llama70b", "backing": {"kind": "lvm", "volume_group": "vg_kv"},
+         "namespaces": {"count": 2, "size": "1TiB"}, "ports": ["tcp0", "roce0"],
+         "hosts": ["gpu-01", "gpu-02"]}],
+}
+
+
+def _fleet(tmp: Path, seeds: object) -> Path:
+    """A copy of the example inventory with ``kvagent_discovery_seeds: seeds`` for all."""
+    inventory = tmp / "inventory"
+    subprocess.run(["cp", "-a", str(EXAMPLE), str(inventory)], check=True)
+    with (inventory / "group_vars/all.yml").open("a") as f:
+        f.write(yaml.safe_dump({"kvagent_discovery_seeds": seeds}))
+    return inventory
+
+
+def _add_storage_host(inventory: Path, host: str, host_vars: dict) -> None:
+    hosts = _load(inventory / "hosts.yml")
+    hosts["all"]["children"]["kv_storage"]["hosts"][host] = {"ansible_host": "10.0.0.13"}
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
+    (inventory / "host_vars" / f"{host}.yml").write_text(yaml.safe_dump(host_vars, sort_keys=False))
+
+
+def _admit(inventory: Path, storage: str, pool: str, gpu: str) -> None:
+    """List ``gpu`` in ``storage``'s pool ``pool``: what admitting a host takes."""
+    path = inventory / "host_vars" / f"{storage}.yml"
+    host_vars = _load(path)
+    (entry,) = [p for p in host_vars["kvagent_target_pools"] if p["name"] == pool]
+    entry["hosts"].append(gpu)
+    path.write_text(yaml.safe_dump(host_vars, sort_keys=False))
+
+
+def _render_fleet(tmp: Path, inventory: Path) -> dict[str, bytes]:
+    """Every host of ``inventory`` rendered: its kvagent.yaml's bytes per host."""
+    tmp.mkdir()
+    result, out = _render(tmp, "kv_storage:kv_gpu",
+                          {gpu: {"kvagent_hostnqn": nqn} for gpu, nqn in MESH_NQNS.items()},
+                          inventory=inventory)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rendered = {p.parent.name: p.read_bytes() for p in out.glob("*/kvagent.yaml")}
+    for host in rendered:
+        check = _validate(out / host / "kvagent.yaml")
+        assert check.returncode == 0, (host, check.stderr)
+    return rendered
+
+
+def _peer(host: str, port: dict) -> dict:
+    return {"name": f"{host}-{port['name']}", "transport": port["transport"],
+            "address": port["address"], **({"service": port["service"]}
+                                           if "service" in port else {})}
+
+
+def _peers(*storage_vars: tuple[str, dict]) -> list[dict]:
+    return [_peer(host, port) for host, hv in storage_vars for port in hv["kvagent_target_ports"]]
+
+
+def test_mesh_mode_renders_peers_on_storage_hosts_and_seed_targets_on_gpu_hosts(
+        tmp_path: Path, example: dict) -> None:
+    """Seed stor-01: every storage host lists all storage ports as peers; a GPU host's
+    pools are those of the default mode, each attached through the seed only, or, for
+    qwen72b (not on stor-01), through the first storage host that exports it: stor-02."""
+    rendered = _render_fleet(tmp_path / "mesh", _fleet(tmp_path, ["stor-01"]))
+    stor = {h: _load(EXAMPLE / "host_vars" / f"{h}.yml") for h in STORAGE}
+    peers = _peers(*stor.items())
+    assert [p["name"] for p in peers] == ["stor-01-tcp0", "stor-01-roce0", "stor-02-tcp0"]
+    for storage in STORAGE:
+        config = yaml.safe_load(rendered[storage])
+        assert config["target"]["peers"] == peers, storage
+        # the rest as in the default mode
+        default = _load(example["out"] / storage / "kvagent.yaml")
+        assert list(config["target"]) == ["ports", "pools", "peers", "address_wait"]
+        assert {k: v for k, v in config["target"].items() if k != "peers"} == {
+            k: v for k, v in default["target"].items() if k != "pools"} | {
+            "pools": [p | {"hosts": [{"name": h["name"], "nqn": MESH_NQNS[h["name"]]}
+                                     for h in p["hosts"]]}
+                      for p in default["target"]["pools"]]}
+    roce = {"transport": "rdma", "address": "10.0.1.11", "service": 4420}  # stor-01 roce0
+    expected = {"gpu-01": {"llama70b": [roce]}, "gpu-02": {"llama70b": [roce]},
+                "gpu-03": {"qwen72b": [{"transport": "tcp", "address": "10.0.0.12",
+                                        "service": 4420}]}}
+    for gpu in GPUS:
+        config = yaml.safe_load(rendered[gpu])
+        assert "target" not in config
+        assert {p["name"]: p["targets"] for p in config["initiator"]["pools"]} == expected[gpu]
+        # everything but the targets as in the default mode (no referrals key: its
+        # default, follow, is what the mesh needs)
+        default = _load(example["out"] / gpu / "kvagent.yaml")
+        for pool in default["initiator"]["pools"]:
+            pool["targets"] = expected[gpu][pool["name"]]
+        assert config == default, gpu
+
+
+def test_mesh_mode_adding_a_storage_host_changes_no_gpu_hosts_config(tmp_path: Path) -> None:
+    """stor-03 joins, exporting llama70b to gpu-01 and gpu-02: the storage hosts' peers
+    grow by its ports, stor-03 gets the same peers, and no GPU host's config changes by a
+    byte (they reach stor-03 through the seeds' referrals)."""
+    inventory = _fleet(tmp_path, ["stor-01"])
+    before = _render_fleet(tmp_path / "before", inventory)
+    _add_storage_host(inventory, "stor-03", STOR_03)
+    after = _render_fleet(tmp_path / "after", inventory)
+    assert sorted(after) == sorted([*before, "stor-03"])
+    for gpu in GPUS:
+        assert after[gpu] == before[gpu], gpu
+    stor = [(h, _load(EXAMPLE / "host_vars" / f"{h}.yml")) for h in STORAGE]
+    grown = _peers(*stor, ("stor-03", STOR_03))
+    assert grown[-2:] == [
+        {"name": "stor-03-tcp0", "transport": "tcp", "address": "10.0.0.13", "service": 4420},
+        {"name": "stor-03-roce0", "transport": "rdma", "address": "10.0.1.13"}]
+    for storage in STORAGE:
+        old, new = yaml.safe_load(before[storage]), yaml.safe_load(after[storage])
+        assert old["target"]["peers"] == _peers(*stor), storage
+        assert new["target"]["peers"] == grown, storage
+        del old["target"]["peers"], new["target"]["peers"]
+        assert new == old, storage  # nothing else changed
+    joined = yaml.safe_load(after["stor-03"])["target"]
+    assert joined["peers"] == grown
+    # it does serve the GPU hosts: their NQNs are admitted
+    assert joined["pools"][0]["hosts"] == [{"name": g, "nqn": MESH_NQNS[g]}
+                                           for g in ("gpu-01", "gpu-02")]
+
+
+def test_mesh_mode_seed_exporting_the_pool_to_others_is_still_the_seed(tmp_path: Path) -> None:
+    """gpu-03 is admitted to llama70b on stor-02 alone: its seed is still stor-01, which
+    exports llama70b to other hosts (its discovery port refers gpu-03 on to stor-02).
+    Admitting gpu-03 on stor-01 as well, an edit of stor-01's host vars alone, changes
+    stor-01's config (gpu-03's NQN) and not gpu-03's."""
+    inventory = _fleet(tmp_path, ["stor-01"])
+    _admit(inventory, "stor-02", "llama70b", "gpu-03")
+    first = _render_fleet(tmp_path / "first", inventory)
+    pools = {p["name"]: p["targets"]
+             for p in yaml.safe_load(first["gpu-03"])["initiator"]["pools"]}
+    # gpu-03 takes NVMe/TCP only: stor-01's tcp0 port
+    assert pools == {"llama70b": [{"transport": "tcp", "address": "10.0.0.11", "service": 4420}],
+                     "qwen72b": [{"transport": "tcp", "address": "10.0.0.12", "service": 4420}]}
+    _admit(inventory, "stor-01", "llama70b", "gpu-03")
+    second = _render_fleet(tmp_path / "second", inventory)
+    assert {h for h in second if second[h] != first[h]} == {"stor-01"}
+    (pool,) = yaml.safe_load(second["stor-01"])["target"]["pools"]
+    assert pool["hosts"][-1] == {"name": "gpu-03", "nqn": MESH_NQNS["gpu-03"]}
+
+
+def test_discovery_seed_mistakes_fail_naming_the_variable_and_the_host(tmp_path: Path) -> None:
+    """A seed outside the storage group, one listed twice, a string for a list, and seeds
+    set on GPU hosts but not on the storage hosts (whose configs would have no peers)."""
+    overlay = {
+        "gpu-01": {"kvagent_hostnqn": MESH_NQNS["gpu-01"],
+                   "kvagent_discovery_seeds": ["stor-09", "stor-01", "stor-01"]},
+        "gpu-02": {"kvagent_hostnqn": MESH_NQNS["gpu-02"], "kvagent_discovery_seeds": "stor-01"},
+        "gpu-03": {"kvagent_hostnqn": MESH_NQNS["gpu-03"], "kvagent_discovery_seeds": ["stor-02"]},
+    }
+    result, out = _render(tmp_path, "kv_storage:kv_gpu", overlay)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert re.search(r"problems on gpu-01: kvagent_discovery_seeds: stor-09 is not a host of "
+                     r"group kv_storage \(kvagent_storage_group\); kvagent_discovery_seeds: "
+                     r"stor-01 is listed twice; kvagent_discovery_seeds is set here but not on "
+                     r"storage host stor-01, whose config would list no peers", output), output
+    assert re.search(r"problems on gpu-02: kvagent_discovery_seeds must be a list of storage "
+                     r"host names, not stor-01", output), output
+    assert re.search(r"problems on gpu-03: kvagent_discovery_seeds is set here but not on "
+                     r"storage host stor-01, [^;]*; kvagent_discovery_seeds is set here but not "
+                     r"on storage host stor-02,", output), output
+    for gpu in GPUS:
+        assert not (out / gpu / "kvagent.yaml").exists(), gpu
+    for storage in STORAGE:  # not in mesh mode themselves: rendered as ever
+        assert "peers" not in _load(out / storage / "kvagent.yaml")["target"]
+
+
+def test_discovery_seeds_without_storage_hosts_fail(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {
+        "vars": {"kvagent_discovery_seeds": ["stor-01"]},
+        "children": {"kv_storage": {"hosts": {}}, "kv_gpu": {"hosts": {"gpu-01": {}}}}}}))
+    result, out = _render(tmp_path, "kv_gpu", {"gpu-01": {"kvagent_hostnqn": MESH_NQNS["gpu-01"]}},
+                          inventory=inventory)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert re.search(r"problems on gpu-01: kvagent_discovery_seeds is set \(stor-01\) but "
+                     r"group kv_storage \(kvagent_storage_group\) has no hosts", output), output
+    assert not (out / "gpu-01" / "kvagent.yaml").exists()
+
+
 # --- host identity --------------------------------------------------------------------
 
 IDENTITY_PLAY = """\

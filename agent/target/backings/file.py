@@ -37,9 +37,10 @@ from ...records import (
 )
 from ...system.mounts import filesystem_device, filesystem_type, read_mounts
 from ...system.run import Runner
-from ..identity import fresh_ids, legacy_ids
+from ..identity import fresh_ids
 from ..usage import DeviceUse
-from .base import BackingPlan, Doomed, PassContext, Step, Volume, grantees
+from .base import BackingPlan, Doomed, PassContext, Volume, grantees
+from .volumes import Refused, VolumePlanner
 
 log = get_logger("file-backing")
 #: The system calls this module makes past Python's own wrappers (an anonymous mmap
@@ -338,107 +339,18 @@ class FileDriver:
         directory = pool_dir(backing, pool.name)
         # Probe the nearest existing directory: planning creates nothing.
         probe_dir = next(p for p in (directory, *directory.parents) if p.is_dir())
-        mounts = ctx.cache.get("mounts")
-        if mounts is None:  # the mount table, once per pass for every file pool
-            mounts = ctx.cache["mounts"] = read_mounts()
-        fstype = filesystem_type(probe_dir, mounts=mounts)
-        if fstype in UNUSABLE_FILESYSTEMS:
-            plan.errors.append(f"pool {pool.name}: {probe_dir} is on {fstype}: "
-                               f"{UNUSABLE_FILESYSTEMS[fstype]}; put the pool's files on a "
-                               "local filesystem (xfs, ext4) or tmpfs")
-            return plan
         layout = self.layout(pool, ctx.records)
-        odd = [f"{d} is {problem}" for d in (directory, *(directory / (h or "shared")
-                                                            for h in layout))
-               if (problem := not_a_directory(d))]
-        if odd:
-            plan.errors.append(f"pool {pool.name}: {'; '.join(odd)}: kvagent creates these as "
-                               f"directories and works only inside the pool directory. "
-                               f"{LINK_HINT}")
+        unusable = (_unusable_filesystem(ctx, pool.name, probe_dir)
+                    or _not_directories(pool.name, directory, layout))
+        if unusable:
+            plan.errors.append(unusable)
             return plan
-        owned = FileManifest.load(directory).files
-        size = pool.namespaces.size
-        creates = False
-        base = str(directory)
-        for host, nsids in layout.items():
-            for nsid in nsids:
-                rel = relative_path(host, nsid)
-                path = f"{base}/{rel}"  # str(directory / rel), without pathlib per file
-                entry = owned.get(rel)
-                key = (host, nsid)
-                if entry is None:
-                    if os.path.lexists(path):
-                        plan.errors.append(
-                            f"pool {pool.name}: {path} exists but kvagent did not create it "
-                            f"(not in {directory / MANIFEST_FILE}); refusing to use or "
-                            "overwrite it")
-                        continue
-                    uuid, nguid = fresh_ids()
-                    creates = True
-                    plan.steps.append(Step(
-                        "file.create", pool.name, path, f"{int(size)} bytes",
-                        lambda r=rel, u=uuid, g=nguid: create_file(directory, r, size, u, g),
-                        volume=key))
-                    storage = file_storage(path, "to be created")
-                elif entry.state == "creating":
-                    try:
-                        check_intent(directory, rel, entry)
-                    except FileBackingError as exc:
-                        plan.errors.append(f"pool {pool.name}: {exc.message}")
-                        continue
-                    odd = [f"{p} is {problem}" for p in (path, f"{base}/{temp_of(rel)}")
-                           if (problem := not_a_file(p))]
-                    if odd:
-                        plan.errors.append(f"pool {pool.name}: {'; '.join(odd)}, not a file "
-                                           f"kvagent made; refusing to finish namespace "
-                                           f"{nsid} through it. {LINK_HINT}")
-                        continue
-                    uuid, nguid = entry.uuid or "", entry.nguid or ""
-                    plan.steps.append(Step(
-                        "file.finish", pool.name, path,
-                        f"an interrupted create of {entry.size} bytes",
-                        lambda r=rel, e=entry: finish_file(directory, r, e), volume=key))
-                    storage = file_storage(path, "being created")
-                else:
-                    uuid, nguid = entry.uuid or "", entry.nguid or ""
-                    st = _lstat(path)  # one system call per file: a converged pass
-                    if st is None:
-                        plan.errors.append(
-                            f"pool {pool.name}: {path} is recorded as kvagent's but is "
-                            "missing; kvagent will not recreate it silently")
-                        continue
-                    if not stat.S_ISREG(st.st_mode):
-                        plan.errors.append(
-                            f"pool {pool.name}: {path} is {_kind(st)}, not the file kvagent "
-                            f"created; refusing to export or grow what it leads to. "
-                            f"{LINK_HINT}")
-                        continue
-                    current = st.st_size
-                    if not uuid or not nguid:
-                        uuid, nguid = legacy_ids(ctx.nqn(pool.name, host), nsid)
-                        plan.steps.append(Step(
-                            "file.record", pool.name, path, f"namespace identity {uuid}",
-                            _recorder(directory, rel, ManifestEntry(entry.size, uuid, nguid)),
-                            volume=key))
-                    if current < size:
-                        plan.steps.append(Step(
-                            "file.grow", pool.name, path, f"{current} -> {int(size)} bytes",
-                            lambda r=rel: grow_file(directory, r, size),
-                            grown=path, volume=key))
-                    storage = file_storage(path, st=st)
-                plan.volumes.append(Volume(pool.name, host, nsid, path, size, uuid, nguid,
-                                           storage, buffered_io=backing.buffered_io))
+        files = _FilePlanner(ctx, pool, plan, directory)
+        files.plan_volumes(layout)
         # Only a pool that gets new files needs the O_DIRECT probe (it writes a file):
         # a converged pass stays free of writes.
-        if not backing.buffered_io and creates:
-            ok, why = supports_odirect(probe_dir)
-            if not ok:
-                plan.steps = []
-                plan.errors.append(
-                    f"pool {pool.name}: {probe_dir} does not support O_DIRECT ({why}); the "
-                    "kernel target cannot enable namespaces there with direct I/O. Use a "
-                    "filesystem with O_DIRECT (xfs, ext4) or set backing.buffered_io: true "
-                    "(page cache: slower, uses RAM)")
+        if not backing.buffered_io and files.creates:
+            _require_odirect(pool.name, probe_dir, plan)
         return plan
 
     def doomed(self, ctx: PassContext, name: str, record: PoolRecord | None) -> list[Doomed]:
@@ -465,6 +377,133 @@ class FileDriver:
     def block_devices(self, runner: Runner, paths: list[str]) -> dict[str, tuple[str, ...]]:
         """The device of the filesystem each file is on (from the mount table)."""
         return {p: ((dev,) if (dev := filesystem_device(p)) else ()) for p in paths}
+
+
+def _unusable_filesystem(ctx: PassContext, pool: str, probe_dir: Path) -> str | None:
+    """The plan error when the pool's directory is on a filesystem nvmet cannot export
+    files from (the mount table is read once per pass for every file pool)."""
+    mounts = ctx.cache.get("mounts")
+    if mounts is None:
+        mounts = ctx.cache["mounts"] = read_mounts()
+    fstype = filesystem_type(probe_dir, mounts=mounts)
+    if fstype not in UNUSABLE_FILESYSTEMS:
+        return None
+    return (f"pool {pool}: {probe_dir} is on {fstype}: {UNUSABLE_FILESYSTEMS[fstype]}; put "
+            "the pool's files on a local filesystem (xfs, ext4) or tmpfs")
+
+
+def _not_directories(pool: str, directory: Path,
+                     layout: Mapping[str | None, tuple[int, ...]]) -> str | None:
+    """The plan error when the pool directory or a host directory in it is a link or
+    anything else but a directory."""
+    odd = [f"{d} is {problem}" for d in (directory, *(directory / (h or "shared")
+                                                        for h in layout))
+           if (problem := not_a_directory(d))]
+    if not odd:
+        return None
+    return (f"pool {pool}: {'; '.join(odd)}: kvagent creates these as directories and works "
+            f"only inside the pool directory. {LINK_HINT}")
+
+
+def _require_odirect(pool: str, probe_dir: Path, plan: BackingPlan) -> None:
+    """Refuse the whole plan (no steps, an error) when files in ``probe_dir`` do not take
+    O_DIRECT, which nvmet enables a file namespace with unless it is buffered."""
+    ok, why = supports_odirect(probe_dir)
+    if not ok:
+        plan.steps = []
+        plan.errors.append(
+            f"pool {pool}: {probe_dir} does not support O_DIRECT ({why}); the "
+            "kernel target cannot enable namespaces there with direct I/O. Use a "
+            "filesystem with O_DIRECT (xfs, ext4) or set backing.buffered_io: true "
+            "(page cache: slower, uses RAM)")
+
+
+class _FilePlanner(VolumePlanner):
+    """The files of one file pool in one pass. The manifest says which are kvagent's: a
+    file it does not list is new (created, unless something else has its name), one
+    listed as being created is finished, one created is kept and grown when smaller.
+    ``creates``: whether any file is new."""
+
+    def __init__(self, ctx: PassContext, pool: TargetPool, plan: BackingPlan,
+                 directory: Path) -> None:
+        super().__init__(ctx, pool, plan)
+        backing = pool.backing
+        assert isinstance(backing, FileBacking) and pool.namespaces is not None
+        self.directory = directory
+        self.base = str(directory)
+        self.owned = FileManifest.load(directory).files
+        self.size = pool.namespaces.size
+        self.buffered_io = backing.buffered_io
+        self.creates = False
+
+    def volume(self, host: str | None, nsid: int) -> Volume:
+        """The namespace's file: new, being created or created, as the manifest says."""
+        rel = relative_path(host, nsid)
+        path = f"{self.base}/{rel}"  # str(directory / rel), without pathlib per file
+        entry = self.owned.get(rel)
+        if entry is None:
+            return self._create(host, nsid, rel, path)
+        if entry.state == "creating":
+            return self._finish(host, nsid, rel, path, entry)
+        return self._keep(host, nsid, rel, path, entry)
+
+    def _volume(self, host: str | None, nsid: int, path: str, uuid: str, nguid: str,
+                storage: Storage) -> Volume:
+        return Volume(self.pool.name, host, nsid, path, self.size, uuid, nguid, storage,
+                      buffered_io=self.buffered_io)
+
+    def _create(self, host: str | None, nsid: int, rel: str, path: str) -> Volume:
+        """A new file with a fresh identity; refused when something already has its name."""
+        if os.path.lexists(path):
+            raise Refused(f"pool {self.pool.name}: {path} exists but kvagent did not create "
+                          f"it (not in {self.directory / MANIFEST_FILE}); refusing to use or "
+                          "overwrite it")
+        uuid, nguid = fresh_ids()
+        self.creates = True
+        directory, size = self.directory, self.size
+        self.step("file.create", path, f"{int(size)} bytes",
+                  lambda: create_file(directory, rel, size, uuid, nguid), host, nsid)
+        return self._volume(host, nsid, path, uuid, nguid, file_storage(path, "to be created"))
+
+    def _finish(self, host: str | None, nsid: int, rel: str, path: str,
+                entry: ManifestEntry) -> Volume:
+        """A file whose create was interrupted, finished with the identity its entry
+        records; refused when the entry or what is at its names is not kvagent's."""
+        try:
+            check_intent(self.directory, rel, entry)
+        except FileBackingError as exc:
+            raise Refused(f"pool {self.pool.name}: {exc.message}") from None
+        odd = [f"{p} is {problem}" for p in (path, f"{self.base}/{temp_of(rel)}")
+               if (problem := not_a_file(p))]
+        if odd:
+            raise Refused(f"pool {self.pool.name}: {'; '.join(odd)}, not a file kvagent made; "
+                          f"refusing to finish namespace {nsid} through it. {LINK_HINT}")
+        directory = self.directory
+        self.step("file.finish", path, f"an interrupted create of {entry.size} bytes",
+                  lambda: finish_file(directory, rel, entry), host, nsid)
+        return self._volume(host, nsid, path, entry.uuid or "", entry.nguid or "",
+                            file_storage(path, "being created"))
+
+    def _keep(self, host: str | None, nsid: int, rel: str, path: str,
+              entry: ManifestEntry) -> Volume:
+        """A file kvagent created: its identity recorded (or recorded now), grown when
+        smaller; refused when it is missing or no longer a regular file."""
+        st = _lstat(path)  # one system call per file: a converged pass
+        if st is None:
+            raise Refused(f"pool {self.pool.name}: {path} is recorded as kvagent's but is "
+                          "missing; kvagent will not recreate it silently")
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(f"pool {self.pool.name}: {path} is {_kind(st)}, not the file "
+                          "kvagent created; refusing to export or grow what it leads to. "
+                          f"{LINK_HINT}")
+        directory, size = self.directory, self.size
+        uuid, nguid = self.identity(
+            host, nsid, (entry.uuid, entry.nguid), "file.record", path,
+            lambda u, g: _recorder(directory, rel, ManifestEntry(entry.size, u, g)))
+        if st.st_size < size:
+            self.step("file.grow", path, f"{st.st_size} -> {int(size)} bytes",
+                      lambda: grow_file(directory, rel, size), host, nsid, grown=path)
+        return self._volume(host, nsid, path, uuid, nguid, file_storage(path, st=st))
 
 
 def _remove_manifest_and_dirs(directory: Path) -> None:

@@ -31,7 +31,7 @@ from ...log import get_logger
 from ...naming import LVM_OWNER_TAG, lv_name, lv_tags
 from ...records import PoolRecord, Storage, TargetRecords
 from ...system.run import Runner
-from ..identity import fresh_ids, legacy_ids
+from ..identity import fresh_ids
 from ..safety import ensure_blank, inspect_device, refusal
 from ..usage import DeviceUse
 from .base import BackingPlan, Doomed, PassContext, Step, Volume, grantees
@@ -46,11 +46,14 @@ from .lvm_intent import (
     write_intent,
 )
 from .placement import PlacementError, PvState, check_striped, choose_spread, new_pv_state
+from .volumes import Refused, VolumePlanner
 
 log = get_logger("lvm")
 LVM_TIMEOUT = 120.0
 UUID_TAG = "kvagent_uuid"
 NGUID_TAG = "kvagent_nguid"
+#: The extent size a group made by kvagent gets (LVM's default), planned with before it exists.
+NEW_GROUP_EXTENT = 4 * 1024 * 1024
 
 
 class LvmError(KvagentError):
@@ -299,28 +302,6 @@ class LvmDriver:
             ctx.cache["lvm"] = (groups, owned, True)
         return groups, owned
 
-    def _pvs(self, ctx: PassContext, vg: str, new_devices: tuple[str, ...] | None,
-             extent: int) -> list[PvState]:
-        """The PVs of ``vg`` as this pass has planned them so far (one ``pvs`` per pass);
-        for a group this pass creates, its blank devices as they will be."""
-        groups: dict[str, list[PvState]] = ctx.cache.setdefault("lvm.pvs", {})
-        if vg not in groups:
-            if new_devices is not None:
-                groups[vg] = [new_pv_state(d, device_bytes(d, str(ctx.sysfs)) or 0, extent)
-                              for d in new_devices]
-            else:
-                if "lvm.lvpvs" not in ctx.cache:
-                    found, used = physical_volumes(ctx.runner)
-                    ctx.cache["lvm.lvpvs"] = used
-                    for name, pvs in found.items():
-                        groups.setdefault(name, pvs)
-                groups.setdefault(vg, [])
-        return groups[vg]
-
-    def _lv_pvs(self, ctx: PassContext, vg: str, lv_uuid: str) -> tuple[str, ...]:
-        self._pvs(ctx, vg, None, 0)
-        return ctx.cache.get("lvm.lvpvs", {}).get(lv_uuid, ())
-
     def plan(self, ctx: PassContext, pool: TargetPool) -> BackingPlan:
         """Volumes and steps (create the VG on blank devices, create/extend/tag LVs).
 
@@ -330,125 +311,63 @@ class LvmDriver:
         """
         backing = pool.backing
         assert isinstance(backing, LvmBacking) and pool.namespaces is not None
-        runner = ctx.runner
         plan = BackingPlan()
-        vgs, owned = self._lvm(ctx, backing.volume_group)
-        creating: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = ctx.cache.setdefault(
-            "lvm.creating", {})
-        vg = vgs.get(backing.volume_group)
-        extent = vg.extent_size if vg else 4 * 1024 * 1024
-        new_devices: tuple[str, ...] | None = None  # the PVs of a group made by this pass
-        if vg is None and backing.volume_group in creating:
-            first, devices, new_devices = creating[backing.volume_group]
-            if backing.devices and tuple(backing.devices) != devices:
-                plan.errors.append(
-                    f"pool {pool.name}: volume group {backing.volume_group} is created by pool "
-                    f"{first} on {', '.join(devices)}; list the same devices (or none) here")
-                return plan
-        elif vg is None:
-            if not backing.devices:
-                plan.errors.append(
-                    f"pool {pool.name}: volume group {backing.volume_group!r} does not exist; "
-                    "create it, or list blank devices under backing.devices for kvagent to use")
-                return plan
-            new_devices = self._new_group(ctx, pool, plan)
-            if new_devices is None:
-                return plan
-            creating[backing.volume_group] = (pool.name, tuple(backing.devices), new_devices)
-        elif LVM_OWNER_TAG in vg.tags and has_intent(ctx.state_dir, vg.name):
-            # Made, but the pass that made it was killed before it forgot its intent.
-            plan.steps.append(Step("lvm.intent", pool.name, vg.name,
-                                   "volume group made: intent record removed",
-                                   lambda name=vg.name: remove_intent(ctx.state_dir, name)))
-        if backing.placement == "striped" and backing.stripe_size > extent:
-            plan.errors.append(
-                f"pool {pool.name}: stripe_size {backing.stripe_size} is larger than the "
-                f"extent size of volume group {backing.volume_group} ({extent} bytes); "
-                "LVM stripes within extents: choose a stripe_size up to the extent size")
+        groups, owned = self._lvm(ctx, backing.volume_group)
+        group = self._group(ctx, pool, groups.get(backing.volume_group), plan)
+        if group is None:
             return plan
-        by_key = owned_by_namespace(owned)
-        size = _round_up(pool.namespaces.size, extent)
-        needed = 0
-        for host, nsids in self.layout(pool, ctx.records).items():
-            for nsid in nsids:
-                name = lv_name(pool.name, host, nsid)
-                path = f"/dev/{backing.volume_group}/{name}"
-                subject = f"{backing.volume_group}/{name}"
-                tagged = by_key.get((backing.volume_group, pool.name, host or "-", str(nsid)),
-                                    [])
-                if len(tagged) > 1:
-                    plan.errors.append(_twice_tagged(pool.name, host, nsid, tagged))
-                    continue
-                existing = tagged[0] if tagged else None
-                taken = None if existing is not None or vg is None else self._name_taken(
-                    ctx, pool.name, host, nsid, vg.name, name)
-                if taken is not None:
-                    plan.errors.append(taken)
-                    continue
-                if existing is not None:
-                    # The LV kvagent's tags name is the namespace, whatever it is called
-                    # now: its identity and its path both come from that one LV.
-                    path, subject = existing.path, f"{existing.vg}/{existing.name}"
-                    if existing.name != name:
-                        log.warning("kvagent's LV was renamed; exported by its own path",
-                                    volume=path, name=name, pool=pool.name, nsid=nsid)
-                if existing is None:
-                    uuid, nguid = fresh_ids()
-                    tags = [*lv_tags(pool.name, host, nsid), f"{UUID_TAG}={uuid}",
-                            f"{NGUID_TAG}={nguid}"]
-                    try:
-                        where, before, after, taken = self._place(
-                            ctx, pool, host, size, extent, new_devices, subject)
-                    except PlacementError as exc:
-                        plan.errors.append(f"pool {pool.name}: {exc}")
-                        continue
-                    needed += taken
-                    plan.steps.append(Step(
-                        "lvm.lvcreate", pool.name, subject, f"{size} bytes{where}",
-                        _call(runner, ["lvcreate", "-y", "-Wy", "-Zy", "-n", name,
-                                       "-L", f"{size}b", *before,
-                                       *[a for t in tags for a in ("--addtag", t)],
-                                       backing.volume_group, *after]),
-                        volume=(host, nsid)))
-                    storage = Storage("lvm", path, f"LV {subject}, to be created{where}")
-                else:
-                    uuid = existing.tag_value(UUID_TAG) or ""
-                    nguid = existing.tag_value(NGUID_TAG) or ""
-                    if not uuid or not nguid:
-                        uuid, nguid = legacy_ids(ctx.nqn(pool.name, host), nsid)
-                        plan.steps.append(Step(
-                            "lvm.tag", pool.name, subject, f"namespace identity {uuid}",
-                            _call(runner, ["lvchange", "--addtag", f"{UUID_TAG}={uuid}",
-                                           "--addtag", f"{NGUID_TAG}={nguid}", existing.path]),
-                            volume=(host, nsid)))
-                    storage = Storage("lvm", path, f"LV {subject}, lv uuid {existing.lv_uuid}")
-                    if existing.size < size:
-                        needed += size - existing.size
-                        try:
-                            on = self._grow_on(ctx, backing, existing, size - existing.size,
-                                               subject)
-                        except PlacementError as exc:
-                            plan.errors.append(f"pool {pool.name}: {exc}")
-                            continue
-                        plan.steps.append(Step(
-                            "lvm.lvextend", pool.name, subject,
-                            f"{existing.size} -> {size} bytes" + (f" on {on[0]}" if on else ""),
-                            _call(runner, ["lvextend", "-L", f"{size}b", existing.path, *on]),
-                            grown=path, volume=(host, nsid)))
-                    elif existing.size > size:
-                        log.warning("volume is larger than configured; kvagent never shrinks",
-                                    volume=existing.path, size=existing.size, configured=size)
-                plan.volumes.append(Volume(pool.name, host, nsid, path, size, uuid, nguid,
-                                           storage))
-        if vg is not None and needed > vg.free:
+        stripes_too_big = _stripe_size_error(pool.name, backing, group.extent)
+        if stripes_too_big:
+            plan.errors.append(stripes_too_big)
+            return plan
+        lvs = _LvPlanner(ctx, pool, plan, group, owned_by_namespace(owned))
+        lvs.plan_volumes(self.layout(pool, ctx.records))
+        if group.vg is not None and lvs.needed > group.vg.free:
             plan.errors.append(
-                f"pool {pool.name}: volume group {vg.name} has {vg.free} bytes free, "
-                f"the pool needs {needed} more")
+                f"pool {pool.name}: volume group {group.vg.name} has {group.vg.free} bytes "
+                f"free, the pool needs {lvs.needed} more")
         if plan.errors:
             plan.steps = []  # nothing half-made: not even the group
+            creating = ctx.cache["lvm.creating"]
             if creating.get(backing.volume_group, ("",))[0] == pool.name:
                 del creating[backing.volume_group]  # another pool may create it instead
         return plan
+
+    def _group(self, ctx: PassContext, pool: TargetPool, vg: VolumeGroup | None,
+               plan: BackingPlan) -> _Group | None:
+        """The pool's volume group as this pass has it: ``vg`` as it is (forgetting an
+        intent record a killed pass left), the one an earlier pool of this pass creates,
+        or one made now on the pool's blank devices (:meth:`_new_group`). None, with
+        plan errors, when there is none to use."""
+        b = pool.backing
+        assert isinstance(b, LvmBacking)
+        creating: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = ctx.cache.setdefault(
+            "lvm.creating", {})
+        if vg is not None:
+            if LVM_OWNER_TAG in vg.tags and has_intent(ctx.state_dir, vg.name):
+                # Made, but the pass that made it was killed before it forgot its intent.
+                plan.steps.append(Step("lvm.intent", pool.name, vg.name,
+                                       "volume group made: intent record removed",
+                                       lambda name=vg.name: remove_intent(ctx.state_dir, name)))
+            return _Group(vg, vg.extent_size, None)
+        if b.volume_group in creating:
+            first, devices, new_devices = creating[b.volume_group]
+            if b.devices and tuple(b.devices) != devices:
+                plan.errors.append(
+                    f"pool {pool.name}: volume group {b.volume_group} is created by pool "
+                    f"{first} on {', '.join(devices)}; list the same devices (or none) here")
+                return None
+            return _Group(None, NEW_GROUP_EXTENT, new_devices)
+        if not b.devices:
+            plan.errors.append(
+                f"pool {pool.name}: volume group {b.volume_group!r} does not exist; "
+                "create it, or list blank devices under backing.devices for kvagent to use")
+            return None
+        new_devices = self._new_group(ctx, pool, plan)
+        if new_devices is None:
+            return None
+        creating[b.volume_group] = (pool.name, tuple(b.devices), new_devices)
+        return _Group(None, NEW_GROUP_EXTENT, new_devices)
 
     def _new_group(self, ctx: PassContext, pool: TargetPool,
                    plan: BackingPlan) -> tuple[str, ...] | None:
@@ -543,67 +462,6 @@ class LvmDriver:
                       f"kvagent's intent record names PV {pv.pv_uuid} in no group for it, "
                       f"but {what}: not the label kvagent wrote")
 
-    def _name_taken(self, ctx: PassContext, pool: str, host: str | None, nsid: int,
-                    vg: str, name: str) -> str | None:
-        """The plan error when ``vg`` already holds an LV called ``name`` that kvagent's
-        tags do not give to this namespace (None when the name is free). Such an LV is
-        never exported, tagged or given the namespace's identity."""
-        names: dict[str, frozenset[str]] = ctx.cache.setdefault("lvm.names", {})
-        if vg not in names:
-            names[vg] = volume_names(ctx.runner, vg)
-        if name not in names[vg]:
-            return None
-        return (f"pool {pool}: volume group {vg} already has an LV named {name} "
-                f"(/dev/{vg}/{name}) that does not carry kvagent's tags for namespace "
-                f"{nsid} of pool {pool} (host {host or 'shared'}); kvagent never exports, "
-                "tags or takes over an LV it did not create, and does not create the "
-                f"namespace beside it. Rename that LV (lvrename {vg} {name} NEW-NAME) or "
-                "remove it if nothing needs it, then apply again")
-
-    def _place(self, ctx: PassContext, pool: TargetPool, host: str | None, size: int,
-               extent: int, new_devices: tuple[str, ...] | None,
-               subject: str) -> tuple[str, list[str], list[str], int]:
-        """Where a new LV goes: (a description, lvcreate arguments before and after the
-        group's name, the bytes it takes)."""
-        b = pool.backing
-        assert isinstance(b, LvmBacking)
-        if b.placement == "linear":
-            return "", [], [], size
-        pvs = self._pvs(ctx, b.volume_group, new_devices, extent)
-        if b.placement == "spread":
-            pv = choose_spread(pvs, pool.name, host, size, spread_pools(ctx.cfg), subject)
-            return f" on {pv.name}", [], [pv.name], size
-        if len(pvs) < 2:
-            names = ", ".join(p.name for p in pvs) or "no devices"
-            raise PlacementError(
-                f"placement striped needs a volume group of at least 2 devices; "
-                f"{b.volume_group} has {len(pvs)} ({names}): add devices to it (vgextend), or "
-                "use placement: spread or linear")
-        stripes = b.stripes or len(pvs)
-        total = _round_up(size, extent * stripes)
-        check_striped(pvs, stripes, total, subject)
-        return (f" in {stripes} stripes of {b.stripe_size}",
-                ["-i", str(stripes), "-I", f"{b.stripe_size // 1024}k"], [], total)
-
-    def _grow_on(self, ctx: PassContext, backing: LvmBacking, lv: LogicalVolume, more: int,
-                 subject: str) -> list[str]:
-        """The PV a spread LV grows on: the one it is on (``[]``: LVM chooses; an LV of
-        another placement, or one already on several PVs)."""
-        if backing.placement != "spread":
-            return []
-        on = self._lv_pvs(ctx, lv.vg, lv.lv_uuid)
-        if len(on) != 1:
-            return []
-        pv = next((p for p in self._pvs(ctx, lv.vg, None, 0) if p.name == on[0]), None)
-        if pv is None or pv.free < more:
-            free = "unknown" if pv is None else f"{pv.free} bytes"
-            raise PlacementError(
-                f"{subject} grows by {more} bytes on its device {on[0]} (placement spread "
-                f"keeps a namespace on one device), which has {free} free: free space there, "
-                "or set placement: linear to let it span devices")
-        pv.free -= more
-        return [pv.name]
-
     def doomed(self, ctx: PassContext, name: str, record: PoolRecord | None) -> list[Doomed]:
         if record is not None and record.kind != self.kind:
             return []
@@ -618,3 +476,197 @@ class LvmDriver:
             return {}
         segments = segment_devices(runner)
         return {p: segments.get(p, ()) for p in paths}
+
+
+def _planned_pvs(ctx: PassContext, vg: str, new_devices: tuple[str, ...] | None,
+                 extent: int) -> list[PvState]:
+    """The PVs of ``vg`` as this pass has planned them so far (one ``pvs`` per pass);
+    for a group this pass creates, its blank devices as they will be."""
+    groups: dict[str, list[PvState]] = ctx.cache.setdefault("lvm.pvs", {})
+    if vg not in groups:
+        if new_devices is not None:
+            groups[vg] = [new_pv_state(d, device_bytes(d, str(ctx.sysfs)) or 0, extent)
+                          for d in new_devices]
+        else:
+            if "lvm.lvpvs" not in ctx.cache:
+                found, used = physical_volumes(ctx.runner)
+                ctx.cache["lvm.lvpvs"] = used
+                for name, pvs in found.items():
+                    groups.setdefault(name, pvs)
+            groups.setdefault(vg, [])
+    return groups[vg]
+
+
+def _lv_pvs(ctx: PassContext, vg: str, lv_uuid: str) -> tuple[str, ...]:
+    """The PVs an LV of ``vg`` is on (from the pass's one ``pvs``)."""
+    _planned_pvs(ctx, vg, None, 0)
+    return ctx.cache.get("lvm.lvpvs", {}).get(lv_uuid, ())
+
+
+def _stripe_size_error(pool: str, backing: LvmBacking, extent: int) -> str | None:
+    """The plan error when a striped pool's stripe does not fit in an extent."""
+    if backing.placement != "striped" or backing.stripe_size <= extent:
+        return None
+    return (f"pool {pool}: stripe_size {backing.stripe_size} is larger than the extent size "
+            f"of volume group {backing.volume_group} ({extent} bytes); LVM stripes within "
+            "extents: choose a stripe_size up to the extent size")
+
+
+@dataclass(frozen=True)
+class _Group:
+    """A pool's volume group as one pass plans it."""
+
+    vg: VolumeGroup | None  # None: made by this pass
+    extent: int
+    new_devices: tuple[str, ...] | None  # the PVs of a group made by this pass
+
+
+class _LvPlanner(VolumePlanner):
+    """The LVs of one LVM pool in one pass. A namespace is the one LV kvagent's tags
+    give it: kept (its tags' identity, recorded now if it has none) and grown when
+    smaller; with none, a new LV is placed by the pool's placement. ``needed``: the
+    bytes they take from the group."""
+
+    def __init__(self, ctx: PassContext, pool: TargetPool, plan: BackingPlan, group: _Group,
+                 tagged: dict[NamespaceKey, list[LogicalVolume]]) -> None:
+        super().__init__(ctx, pool, plan)
+        backing = pool.backing
+        assert isinstance(backing, LvmBacking) and pool.namespaces is not None
+        self.backing = backing
+        self.group = group
+        self.tagged = tagged
+        self.size = _round_up(pool.namespaces.size, group.extent)
+        self.needed = 0
+
+    def volume(self, host: str | None, nsid: int) -> Volume:
+        """The namespace's LV: the one its tags name, kept, or a new one."""
+        name = lv_name(self.pool.name, host, nsid)
+        lv = self._tagged_lv(host, nsid, name)
+        if lv is None:
+            return self._create(host, nsid, name)
+        return self._keep(host, nsid, name, lv)
+
+    def _tagged_lv(self, host: str | None, nsid: int, name: str) -> LogicalVolume | None:
+        """The LV kvagent's tags give the namespace, or None; refused when two LVs carry
+        its tags, or when there is none and an LV kvagent did not tag has its ``name``."""
+        vg = self.backing.volume_group
+        tagged = self.tagged.get((vg, self.pool.name, host or "-", str(nsid)), [])
+        if len(tagged) > 1:
+            raise Refused(_twice_tagged(self.pool.name, host, nsid, tagged))
+        if tagged:
+            return tagged[0]
+        if self.group.vg is not None:
+            taken = self._name_taken(host, nsid, self.group.vg.name, name)
+            if taken is not None:
+                raise Refused(taken)
+        return None
+
+    def _create(self, host: str | None, nsid: int, name: str) -> Volume:
+        """A new LV ``name`` with a fresh identity in its tags, where the placement puts it."""
+        vg = self.backing.volume_group
+        path, subject = f"/dev/{vg}/{name}", f"{vg}/{name}"
+        uuid, nguid = fresh_ids()
+        tags = [*lv_tags(self.pool.name, host, nsid), f"{UUID_TAG}={uuid}",
+                f"{NGUID_TAG}={nguid}"]
+        try:
+            where, before, after, taken = self._place(host, subject)
+        except PlacementError as exc:
+            raise Refused(f"pool {self.pool.name}: {exc}") from None
+        self.needed += taken
+        self.step("lvm.lvcreate", subject, f"{self.size} bytes{where}",
+                  _call(self.ctx.runner, ["lvcreate", "-y", "-Wy", "-Zy", "-n", name,
+                                          "-L", f"{self.size}b", *before,
+                                          *[a for t in tags for a in ("--addtag", t)],
+                                          vg, *after]), host, nsid)
+        storage = Storage("lvm", path, f"LV {subject}, to be created{where}")
+        return Volume(self.pool.name, host, nsid, path, self.size, uuid, nguid, storage)
+
+    def _keep(self, host: str | None, nsid: int, name: str, lv: LogicalVolume) -> Volume:
+        """The namespace's LV, whatever it is called now: its identity and its path both
+        come from that one LV. Grown when smaller than configured, never shrunk."""
+        path, subject = lv.path, f"{lv.vg}/{lv.name}"
+        if lv.name != name:
+            log.warning("kvagent's LV was renamed; exported by its own path",
+                        volume=path, name=name, pool=self.pool.name, nsid=nsid)
+        runner = self.ctx.runner
+        uuid, nguid = self.identity(
+            host, nsid, (lv.tag_value(UUID_TAG), lv.tag_value(NGUID_TAG)), "lvm.tag", subject,
+            lambda u, g: _call(runner, ["lvchange", "--addtag", f"{UUID_TAG}={u}",
+                                        "--addtag", f"{NGUID_TAG}={g}", lv.path]))
+        storage = Storage("lvm", path, f"LV {subject}, lv uuid {lv.lv_uuid}")
+        if lv.size < self.size:
+            self._grow(host, nsid, lv, subject)
+        elif lv.size > self.size:
+            log.warning("volume is larger than configured; kvagent never shrinks",
+                        volume=lv.path, size=lv.size, configured=self.size)
+        return Volume(self.pool.name, host, nsid, path, self.size, uuid, nguid, storage)
+
+    def _grow(self, host: str | None, nsid: int, lv: LogicalVolume, subject: str) -> None:
+        """The lvextend of an LV smaller than configured (on its own device, for spread)."""
+        self.needed += self.size - lv.size
+        try:
+            on = self._grow_on(lv, self.size - lv.size, subject)
+        except PlacementError as exc:
+            raise Refused(f"pool {self.pool.name}: {exc}") from None
+        self.step("lvm.lvextend", subject,
+                  f"{lv.size} -> {self.size} bytes" + (f" on {on[0]}" if on else ""),
+                  _call(self.ctx.runner, ["lvextend", "-L", f"{self.size}b", lv.path, *on]),
+                  host, nsid, grown=lv.path)
+
+    def _name_taken(self, host: str | None, nsid: int, vg: str, name: str) -> str | None:
+        """The plan error when ``vg`` already holds an LV called ``name`` that kvagent's
+        tags do not give to this namespace (None when the name is free). Such an LV is
+        never exported, tagged or given the namespace's identity."""
+        pool = self.pool.name
+        names: dict[str, frozenset[str]] = self.ctx.cache.setdefault("lvm.names", {})
+        if vg not in names:
+            names[vg] = volume_names(self.ctx.runner, vg)
+        if name not in names[vg]:
+            return None
+        return (f"pool {pool}: volume group {vg} already has an LV named {name} "
+                f"(/dev/{vg}/{name}) that does not carry kvagent's tags for namespace "
+                f"{nsid} of pool {pool} (host {host or 'shared'}); kvagent never exports, "
+                "tags or takes over an LV it did not create, and does not create the "
+                f"namespace beside it. Rename that LV (lvrename {vg} {name} NEW-NAME) or "
+                "remove it if nothing needs it, then apply again")
+
+    def _place(self, host: str | None, subject: str) -> tuple[str, list[str], list[str], int]:
+        """Where a new LV goes: (a description, lvcreate arguments before and after the
+        group's name, the bytes it takes)."""
+        b, size, extent = self.backing, self.size, self.group.extent
+        if b.placement == "linear":
+            return "", [], [], size
+        pvs = _planned_pvs(self.ctx, b.volume_group, self.group.new_devices, extent)
+        if b.placement == "spread":
+            pv = choose_spread(pvs, self.pool.name, host, size, spread_pools(self.ctx.cfg),
+                               subject)
+            return f" on {pv.name}", [], [pv.name], size
+        if len(pvs) < 2:
+            names = ", ".join(p.name for p in pvs) or "no devices"
+            raise PlacementError(
+                f"placement striped needs a volume group of at least 2 devices; "
+                f"{b.volume_group} has {len(pvs)} ({names}): add devices to it (vgextend), or "
+                "use placement: spread or linear")
+        stripes = b.stripes or len(pvs)
+        total = _round_up(size, extent * stripes)
+        check_striped(pvs, stripes, total, subject)
+        return (f" in {stripes} stripes of {b.stripe_size}",
+                ["-i", str(stripes), "-I", f"{b.stripe_size // 1024}k"], [], total)
+
+    def _grow_on(self, lv: LogicalVolume, more: int, subject: str) -> list[str]:
+        """The PV a spread LV grows on: the one it is on (``[]``: LVM chooses; an LV of
+        another placement, or one already on several PVs)."""
+        if self.backing.placement != "spread":
+            return []
+        on = _lv_pvs(self.ctx, lv.vg, lv.lv_uuid)
+        if len(on) != 1:
+            return []
+        pv = next((p for p in _planned_pvs(self.ctx, lv.vg, None, 0) if p.name == on[0]), None)
+        if pv is None or pv.free < more:
+            free = "unknown" if pv is None else f"{pv.free} bytes"
+            raise PlacementError(
+                f"{subject} grows by {more} bytes on its device {on[0]} (placement spread "
+                f"keeps a namespace on one device), which has {free} free: free space there, "
+                "or set placement: linear to let it span devices")
+        pv.free -= more
+        return [pv.name]

@@ -225,6 +225,20 @@ def test_file_backing_refuses_foreign_file_in_its_place(tmp_path: Path) -> None:
     assert target.read_bytes() == b"precious"
 
 
+def test_a_recorded_file_that_is_missing_is_refused_and_the_rest_is_planned(
+        tmp_path: Path) -> None:
+    cfg = file_cfg(tmp_path)
+    first = plan_of(cfg, context(cfg))
+    for step in first.steps:
+        step.run()
+    (tmp_path / "kv/gpu-1/ns1.img").unlink()
+    plan = plan_of(cfg, context(cfg))
+    assert plan.errors == [f"pool kv: {tmp_path}/kv/gpu-1/ns1.img is recorded as kvagent's but "
+                           "is missing; kvagent will not recreate it silently"]
+    assert plan.steps == [] and [v.nsid for v in plan.volumes] == [2]
+    assert plan.volumes[0].uuid == first.volumes[1].uuid
+
+
 def test_file_schema1_manifest_keeps_its_identity(tmp_path: Path) -> None:
     """Files made before identities were recorded: the legacy uuid, recorded on apply."""
     pool_dir = tmp_path / "kv"

@@ -454,6 +454,10 @@ class PeerConfig:
     address: IPAddress = doc_field("The peer's port address.")
     service: int = doc_field("The peer's TCP port / RDMA service id.", 4420,
                              minimum=1, maximum=65535)
+    draining: bool = doc_field(
+        "The peer is leaving the fleet: it is not referred to any more, so GPU hosts stop "
+        "finding it and let its namespaces go once their engines do (docs/operations.md, "
+        "\"Growing and shrinking the fleet\").", False)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Each port kvagent created carries one referral (``ports/<id>/referrals/kvagent-<peer>``)
 to every peer in ``target.peers`` that is not one of this host's own ports, so a GPU
 host that discovers at any storage host finds every other (it follows referrals:
-:mod:`agent.initiator.stages.discover`). Enabling a referral makes nvmet send a
+:mod:`agent.initiator.stages.discover`). A peer marked ``draining`` is not referred to:
+GPU hosts stop finding it, and let its namespaces go. Enabling a referral makes nvmet send a
 discovery-log-change AEN to every host holding a persistent discovery controller on the
 port: a storage host added to the peers reaches the GPU hosts at once.
 
@@ -40,12 +41,13 @@ def peer_referral(peer: PeerConfig) -> Referral:
 
 
 def referred_peers(cfg: Config) -> list[PeerConfig]:
-    """The peers this host refers to: every configured one but those that are one of this
-    host's own ports (one list may go to every storage host)."""
+    """The peers this host refers to: every configured one but those draining and those
+    that are one of this host's own ports (one list may go to every storage host)."""
     if cfg.target is None:
         return []
     own = {(p.transport, p.address, p.service) for p in cfg.target.ports}
-    return [p for p in cfg.target.peers if (p.transport, p.address, p.service) not in own]
+    return [p for p in cfg.target.peers
+            if not p.draining and (p.transport, p.address, p.service) not in own]
 
 
 def port_referrals(port_id: int, peers: Iterable[PeerConfig], live: Port | None,

@@ -60,7 +60,7 @@ def test_planning_shows_the_referrals_and_changes_nothing(target: Target,
     assert target.fs.writes == writes and referrals(target) == {}
 
 
-def test_a_peer_moved_or_removed_changes_only_kvagents_referrals(target: Target,
+def test_a_peer_moved_draining_or_removed_changes_only_kvagents_referrals(target: Target,
                                                                 tmp_path: Path) -> None:
     pools = [file_pool(tmp_path)]
     assert target.run(config(tmp_path, pools, peers=(PEER_A, PEER_B))).ok
@@ -76,6 +76,9 @@ def test_a_peer_moved_or_removed_changes_only_kvagents_referrals(target: Target,
     assert referrals(target)["kvagent-stor-a"]["addr_traddr"] == "10.0.0.99"
     assert referrals(target)["kvagent-stor-a"]["enable"] == "1"
 
+    draining = dict(PEER_A, address="10.0.0.99", draining=True)
+    assert target.run(config(tmp_path, pools, peers=(draining, PEER_B))).ok
+    assert sorted(referrals(target)) == ["by-hand", "kvagent-stor-b"]
     assert target.run(config(tmp_path, pools, peers=(PEER_B,))).ok
     assert sorted(referrals(target)) == ["by-hand", "kvagent-stor-b"]
     assert referrals(target)["by-hand"] == hand

@@ -143,10 +143,10 @@ def root_below(fleet: Fleet, name: str, mount_point: str) -> tuple[list[str], st
 
 
 def lvm_storage_config(fleet: Fleet, storage: str, gpu: str | list[str], nqn_prefix: str,
-                       *, namespaces: int, more: str = "") -> str:
+                       *, namespaces: int, more: str = "", peers: str = "") -> str:
     """``storage``'s kvagent.yaml: pool kv on LVM on its first drive, ``namespaces`` of
     1 GiB exported over NVMe/TCP on the private network to the GPU machine(s) ``gpu``
-    (``more``: more pools)."""
+    (``more``: more pools; ``peers``: the YAML of target.peers' list items)."""
     hosts = ", ".join(f'{{name: {name}, nqn: "{fleet.hostnqn(name)}"}}'
                       for name in ([gpu] if isinstance(gpu, str) else gpu))
     return f"""version: 1
@@ -154,7 +154,7 @@ node: {{name: {storage}, nqn_prefix: {nqn_prefix}}}
 target:
   ports:
     - {{name: tcp0, id: 1, transport: tcp, address: {fleet.address(storage)}, service: 4420}}
-  pools:
+{f"  peers:{chr(10)}{peers}" if peers else ""}  pools:
     - name: kv
       backing:
         kind: lvm

@@ -42,7 +42,14 @@ pytestmark = [pytest.mark.vmhost(weight=25)]
 SEED = int(os.environ.get("KVAGENT_SOAK_SEED") or random.randrange(2**32))
 ORDER: list[str] = []
 STORAGES = ("storage1", "storage2")
+#: The storage machine that joins the mesh and leaves it (the join test); the rest of the
+#: time it exports pool kv to the GPU machines while marked draining in every storage
+#: machine's peers, so no GPU machine finds it.
+JOINER = "storage3"
 GPUS = ("gpu1", "gpu2")
+#: Each GPU machine's only seed (its pool's one target): the other storage machines are
+#: found through its referrals.
+SEEDS = {"gpu1": "storage1", "gpu2": "storage2"}
 PREFIX = "nqn.2026-12.io.kvagent.faults"
 MNT = "/var/lib/kvcache/kv"
 METRICS = "http://127.0.0.1:9808/metrics"
@@ -79,13 +86,18 @@ TROUBLE = re.compile(r"error recovery|Reconnecting|resetting controller|timeout|
                      re.IGNORECASE)
 
 
-def storage_config(fleet: Fleet, storage: str) -> str:
-    return lvm_storage_config(fleet, storage, list(GPUS), PREFIX, namespaces=1)
+def storage_config(fleet: Fleet, storage: str, *, joined: bool = False) -> str:
+    """Pool kv for both GPU machines; every storage machine a peer (``joined``: the
+    joiner too, else it is draining: not referred to)."""
+    peers = "".join(
+        f"    - {{name: {s}, transport: tcp, address: {fleet.address(s)}, service: 4420"
+        f"{'' if joined or s != JOINER else ', draining: true'}}}\n"
+        for s in (*STORAGES, JOINER))
+    return lvm_storage_config(fleet, storage, list(GPUS), PREFIX, namespaces=1, peers=peers)
 
 
 def gpu_config(fleet: Fleet, gpu: str) -> str:
-    targets = ", ".join(f"{{transport: tcp, address: {fleet.address(s)}, service: 4420}}"
-                        for s in STORAGES)
+    targets = f"{{transport: tcp, address: {fleet.address(SEEDS[gpu])}, service: 4420}}"
     return f"""version: 1
 node: {{name: {gpu}, nqn_prefix: {PREFIX}}}
 initiator:
@@ -111,15 +123,15 @@ AT_START: dict[str, dict] = {}
 def fleet(fleet_slot: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     where = tmp_path_factory.mktemp("fleet-faults")
     # (power cuts: the disks honour flushes, or a cut could lose what was fsync'd)
-    machines = Fleet(where, [*STORAGES, *GPUS], power_safe=True)
+    machines = Fleet(where, [*STORAGES, JOINER, *GPUS], power_safe=True)
     try:
         print(f"KVAGENT-CI-LOG: faults: seed {SEED} (KVAGENT_SOAK_SEED={SEED} replays it): "
               f"the faults in the order {', '.join(ORDER)}, then the soak")
         took = machines.up()
         print(f"KVAGENT-CI-LOG: faults: {', '.join(machines.machines)} up in {took:.0f}s")
-        for storage in STORAGES:
+        for storage in (*STORAGES, JOINER):
             machines.configure(storage, storage_config(machines, storage))
-        for storage in STORAGES:
+        for storage in (*STORAGES, JOINER):
             machines.wait_pools_ready(storage)
         for gpu in GPUS:
             machines.configure(gpu, gpu_config(machines, gpu))
@@ -162,7 +174,7 @@ done""").stdout
 
 
 def view(fleet: Fleet, name: str) -> str:
-    return nvmet_tree(fleet, name) if name in STORAGES else gpu_view(fleet, name)
+    return gpu_view(fleet, name) if name in GPUS else nvmet_tree(fleet, name)
 
 
 def metric(text: str, name: str) -> float | None:
@@ -723,6 +735,157 @@ def test_the_gpu_machine_powered_off_has_its_pool_back_before_its_engine(
     print(f"KVAGENT-CI-LOG: faults: {fault_gpu_power(fleet).line()}")
 
 
+# ------------------------------------------------------------- growing the fleet
+
+#: Joins (and leaves) of the joiner measured: the goal is a p95 over 10.
+JOINS = 10
+#: Run on a GPU machine: until the joiner's namespace is (``in``) or is not (``out``)
+#: both mounted and in the LMCache config kvagent rendered; prints when each first held,
+#: on the machine's clock.
+WATCH_JOIN = r"""
+import os, sys, time
+mount, want = sys.argv[1], sys.argv[2] == "in"
+renders = "/var/lib/kvagent/engines/kv/lmcache"
+seen = {}
+deadline = time.time() + 600
+while len(seen) < 2 and time.time() < deadline:
+    with open("/proc/self/mountinfo") as f:
+        mounted = any(line.split()[4] == mount for line in f)
+    rendered = False
+    for name in (os.listdir(renders) if os.path.isdir(renders) else []):
+        with open(os.path.join(renders, name)) as f:
+            rendered = rendered or mount in f.read()
+    for what, now in (("mounted", mounted), ("rendered", rendered)):
+        if now == want and what not in seen:
+            seen[what] = time.time()
+    time.sleep(0.05)
+print(" ".join(f"{k}={v:.3f}" for k, v in sorted(seen.items())))
+"""
+
+
+def clock_offset(fleet: Fleet, name: str) -> tuple[float, float]:
+    """(``name``'s clock minus this machine's, the round trip it was read in)."""
+    before = time.time()
+    there = clock(fleet, name)
+    after = time.time()
+    return there - (before + after) / 2, after - before
+
+
+def controllers_by_path(fleet: Fleet, gpu: str) -> dict[str, int]:
+    """How many controllers ``gpu`` has per (subsystem, address): one each, whatever
+    nvme-cli's autoconnect did on the same AENs."""
+    lines = fleet.sh(gpu, "for c in /sys/class/nvme/nvme*; do echo \"$(cat $c/subsysnqn) "
+                          "$(cat $c/address | tr -d ' ')\"; done").stdout.splitlines()
+    return {line: lines.count(line) for line in lines}
+
+
+def move_joiner(fleet: Fleet, joined: bool) -> dict[str, dict[str, float]]:
+    """Every storage machine's peers say the joiner is in the mesh (``joined``) or
+    draining; until both GPU machines have (or have let go of) its namespace, mounted
+    and in the engine's config. Per GPU machine, seconds from the first storage
+    machine's reload: ``mounted``/``rendered``, and ``applied`` (the storage machines'
+    reloads done)."""
+    offsets = {g: clock_offset(fleet, g) for g in GPUS}
+    for g in GPUS:
+        fleet.sh(g, "cat > /root/watch_join.py", stdin=WATCH_JOIN)
+    with ThreadPoolExecutor(len(GPUS) + len(STORAGES)) as pool:
+        watches = {g: pool.submit(fleet.sh, g, f"python3 /root/watch_join.py "
+                                             f"{mount_of(JOINER)} {'in' if joined else 'out'}")
+                   for g in GPUS}
+        time.sleep(1)  # (the watchers started)
+        started = time.time()
+        list(pool.map(lambda st: fleet.configure(st, storage_config(fleet, st, joined=joined)),
+                      (*STORAGES, JOINER)))
+        applied = time.time() - started
+        out = {}
+        for g, done in watches.items():
+            seen = dict(kv.split("=") for kv in done.result().stdout.split())
+            assert set(seen) == {"mounted", "rendered"}, (g, joined, seen)
+            offset, rtt = offsets[g]
+            out[g] = {k: float(v) - offset - started for k, v in seen.items()}
+            out[g]["applied"], out[g]["rtt"] = applied, rtt
+    return out
+
+
+def bare_attach(fleet: Fleet, gpu: str = "gpu1") -> float:
+    """A 1 GiB namespace the joiner exports by hand (a file, any host), connected by
+    ``nvme connect``, made xfs and mounted by hand on ``gpu`` as another host NQN: the
+    floor a join is compared with, in the same run. Seconds from the connect to mounted."""
+    nqn, host = "nqn.2026-12.io.example:bare", "nqn.2026-12.io.example:bare-host"
+    sub = f"/sys/kernel/config/nvmet/subsystems/{nqn}"
+    fleet.sh(JOINER, f"truncate -s 1G /var/tmp/bare.img && mkdir {sub} && "
+                     f"echo 1 > {sub}/attr_allow_any_host && mkdir {sub}/namespaces/1 && "
+                     f"echo /var/tmp/bare.img > {sub}/namespaces/1/device_path && "
+                     f"echo 1 > {sub}/namespaces/1/enable && "
+                     f"ln -s {sub} /sys/kernel/config/nvmet/ports/1/subsystems/{nqn}")
+    took = float(fleet.sh(gpu, f"""set -e
+t0=$(date +%s.%N)
+nvme connect -t tcp -a {fleet.address(JOINER)} -s 4420 -n {nqn} --hostnqn {host} \
+  --hostid $(cat /proc/sys/kernel/random/uuid) >/dev/null
+for i in $(seq 600); do
+  dev=$(for c in /sys/class/nvme/nvme*; do [ "$(cat $c/subsysnqn)" = {nqn} ] && \
+ls -d $c/nvme*n1 2>/dev/null; done | head -n 1)
+  [ -n "$dev" ] && [ -b /dev/${{dev##*/}} ] && break; sleep 0.05
+done
+mkfs.xfs -q -f /dev/${{dev##*/}}
+mkdir -p /mnt/bare && mount /dev/${{dev##*/}} /mnt/bare
+t1=$(date +%s.%N)
+umount /mnt/bare && nvme disconnect -n {nqn} >/dev/null
+python3 -c "print($t1 - $t0)"
+""").stdout.split()[-1])
+    fleet.sh(JOINER, f"rm /sys/kernel/config/nvmet/ports/1/subsystems/{nqn} && "
+                     f"echo 0 > {sub}/namespaces/1/enable && rmdir {sub}/namespaces/1 && "
+                     f"rmdir {sub} && rm /var/tmp/bare.img")
+    return took
+
+
+def p95(values: list[float]) -> float:
+    ranked = sorted(values)
+    return ranked[min(len(ranked) - 1, max(0, round(0.95 * len(ranked)) - 1))]
+
+
+def test_a_storage_machine_joins_the_mesh_and_leaves_it(fleet: Fleet) -> None:
+    """The joiner exports pool kv to both GPU machines all along, draining in every
+    storage machine's peers. :data:`JOINS` times: the storage machines' peers say it has
+    joined (their ports refer to it: a discovery-log-change AEN to the GPU machines), and
+    both GPU machines mount its namespace and hand it to their engine; then it is marked
+    draining again, and both let it go (out of the engine's config, unmounted,
+    disconnected). No GPU machine's config changes; each subsystem has one controller
+    per GPU machine; the writes to the other storage machines never notice."""
+    configs = {g: fleet.sh(g, "sha256sum /etc/kvagent/kvagent.yaml").stdout for g in GPUS}
+    writers = [Writer(g, s, "join").start(fleet) for g in GPUS for s in STORAGES]
+    since = {g: clock(fleet, g) for g in GPUS}
+    joins, leaves = [], []
+    for trial in range(JOINS):
+        joined = move_joiner(fleet, True)
+        for g in GPUS:
+            counts = controllers_by_path(fleet, g)
+            assert all(n == 1 for n in counts.values()), (g, counts)
+            assert sum(JOINER in line or fleet.address(JOINER) in line
+                       for line in counts) == 2, (g, counts)  # its I/O and discovery
+        joins.append(max(t["rendered"] for t in joined.values()))
+        left = move_joiner(fleet, False)
+        leaves.append(max(t["mounted"] for t in left.values()))
+        print(f"KVAGENT-CI-LOG: faults: join {trial + 1}: storage applies "
+              f"{joined['gpu1']['applied']:.1f}s; " + "; ".join(
+                  f"{g} mounted {t['mounted']:.1f}s, handed off {t['rendered']:.1f}s"
+                  for g, t in joined.items())
+              + "; leave: " + "; ".join(
+                  f"{g} out of the config {t['rendered']:.1f}s, unmounted {t['mounted']:.1f}s"
+                  for g, t in left.items())
+              + f" (clock offsets read within {max(t['rtt'] for t in joined.values()):.2f}s)")
+    bare = bare_attach(fleet)
+    first, rest = joins[0], joins[1:]
+    print(f"KVAGENT-CI-LOG: faults: {JOINS} joins: from the storage machines' reloads to "
+          f"handed off on both GPU machines p95 {p95(joins):.1f}s (first, with mkfs, "
+          f"{first:.1f}s; the others {min(rest):.1f}-{max(rest):.1f}s); a bare connect + "
+          f"mkfs + mount {bare:.1f}s (ratio p95/bare {p95(joins) / bare:.2f}); leaves "
+          f"p95 {p95(leaves):.1f}s")
+    for g in GPUS:
+        assert fleet.sh(g, "sha256sum /etc/kvagent/kvagent.yaml").stdout == configs[g]
+    check_bystanders(fleet, writers, min(since.values()))
+
+
 # ------------------------------------------------------------------------ the soak
 
 def fault_restart(fleet: Fleet, name: str) -> Measured:
@@ -771,7 +934,7 @@ def objects(fleet: Fleet) -> dict[str, list[str]]:
     the same subsystem shows)."""
     out = {}
     for name in fleet.machines:
-        if name in STORAGES:
+        if name not in GPUS:
             out[name] = nvmet_tree(fleet, name).splitlines()
             continue
         mounts = fleet.sh(name, f"findmnt -rn -t xfs -o TARGET,UUID | grep '^{MNT}/'").stdout

@@ -240,8 +240,11 @@ class Agent:
 
     def _keep_discovery_controllers(self) -> None:
         """A persistent discovery controller to each storage host port the initiator pools
-        discover at, so a pool exported there comes as an AEN (never fails the loop)."""
+        discover at (their seeds, and the ports their records found by referral), so a
+        pool exported there comes as an AEN (never fails the loop; records that cannot
+        be read leave the controllers as they are)."""
         from .initiator.discovery_controllers import RECORD, DiscoveryControllers, wanted
+        from .records import InitiatorRecords
 
         if self.cfg.initiator is None and not (Path(self.run_dir) / RECORD).exists():
             return
@@ -252,7 +255,10 @@ class Agent:
             from .initiator.sysfs import Sysfs
 
             ident = read_host_identity(self.cfg.node.nvme_dir)
-            wants = wanted(self.cfg, ident.hostnqn, ident.hostid) if ident.hostnqn else []
+            records = InitiatorRecords.load(self.cfg.node.state_dir) if self.cfg.initiator \
+                else {}
+            wants = (wanted(self.cfg, ident.hostnqn, ident.hostid, records)
+                     if ident.hostnqn else [])
             keeper = DiscoveryControllers(self.run_dir, NvmeCli(self.runner),
                                           Sysfs(self.cfg.node.sysfs))
             for line in keeper.sync(wants):

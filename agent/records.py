@@ -416,6 +416,22 @@ class PoolAttachment:
     created_dirs: list[str] = field(default_factory=list)
     complete: bool = False
     recoveries: list[MountRecovery] = field(default_factory=list)
+    #: The discovery ports (endpoints) the pool's seeds referred this host to, as its last
+    #: discovery walked them (:mod:`agent.initiator.stages.discover`): the persistent
+    #: discovery controllers follow them (:mod:`agent.initiator.discovery_controllers`).
+    #: JSON ``[{"transport", "traddr", "trsvcid"}]``, left out while empty (a record
+    #: written before it loads with none).
+    discovery: list[FabricsAddress] = field(default_factory=list)
+
+    _ADDRESS_KEYS = ("transport", "traddr", "trsvcid")
+
+    @classmethod
+    def _address(cls, d: Any) -> FabricsAddress:
+        """A recorded discovery port: exactly its three keys, each a string."""
+        if not isinstance(d, Mapping) or set(d) != set(cls._ADDRESS_KEYS) or not all(
+                isinstance(d[k], str) for k in cls._ADDRESS_KEYS):
+            raise TypeError(f"a discovery port is {{transport, traddr, trsvcid}}: {d!r}")
+        return FabricsAddress(d["transport"], d["traddr"], d["trsvcid"])
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> PoolAttachment:
@@ -442,10 +458,16 @@ class PoolAttachment:
                    recoveries=[MountRecovery(recorded_path(r["mount"], "a recovered mount"),
                                              int(r["count"]),
                                              float(r["last_at"]))
-                               for r in d.get("recoveries", [])])
+                               for r in d.get("recoveries", [])],
+                   discovery=[cls._address(a) for a in d.get("discovery", [])])
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "subsystems": [s.to_json() for s in self.subsystems]}
+        out = {**asdict(self), "subsystems": [s.to_json() for s in self.subsystems]}
+        del out["discovery"]
+        if self.discovery:
+            out["discovery"] = [{"transport": a.transport, "traddr": a.traddr,
+                                 "trsvcid": a.trsvcid} for a in self.discovery]
+        return out
 
     def removable_dirs(self) -> list[str]:
         """The created directories kvagent may remove: each one a recorded mount or a

@@ -708,12 +708,22 @@ class InitiatorPool:
     name: Name = doc_field("The pool's name on the storage host(s).")
     targets: tuple[TargetRef, ...] = doc_field(
         "Storage-host ports to attach from (several storage hosts add bandwidth). "
-        "'target:' with a single mapping is accepted too.",
+        "'target:' with a single mapping is accepted too. A target without 'subsystem' is "
+        "a seed: its discovery log is read, and with referrals followed one seed per pool "
+        "is enough (the storage hosts it refers to are found too); a target with "
+        "'subsystem' is connected as configured and never a seed.",
         alias="target",
     )
     mount: AbsPath = doc_field("Mount root: one subdirectory per namespace, or the striped "
                                "volume itself. Never a system directory (/, /etc, /usr, "
                                "/var, /tmp, /mnt, ...) or anything under /proc, /sys, /dev.")
+    referrals: Literal["follow", "ignore"] = doc_field(
+        "'follow': the discovery referrals the seeds list (storage hosts referring to each "
+        "other) are read too, breadth-first, at most 3 referrals deep and 64 discovery "
+        "addresses per pool, and the subsystems of this pool found there attached; "
+        "'ignore': only the seeds are read.",
+        "follow",
+    )
     layout: Literal["per-namespace", "striped"] = doc_field(
         "'per-namespace': one xfs per namespace under mount/<storage node>-ns<nsid> "
         "(engines shard per GPU; a namespace keeps its directory for good, pools attached "

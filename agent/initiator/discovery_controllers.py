@@ -2,7 +2,9 @@
 exported a pool.
 
 For each storage host port an initiator pool discovers its subsystems at (a target
-without ``subsystem``; not over TLS), the agent keeps one discovery controller connected
+without ``subsystem``, and each port its last discovery found by referral from one,
+recorded in the pool's ``PoolAttachment.discovery``; not over TLS), the agent keeps one
+discovery controller connected
 (``nqn.2014-08.org.nvmexpress.discovery``, keep-alive :data:`KEEP_ALIVE` s, reconnecting
 forever). When the discovery log that port shows this host changes (a subsystem linked
 to the port, this host allowed), nvmet sends a discovery-log-change AEN on it; the kernel
@@ -15,7 +17,9 @@ the retry (``health.interval``).
 
 Ownership is a record, not a guess: the controllers kvagent made are listed in
 ``<run_dir>/discovery.json``, and only those are ever disconnected, when no pool
-discovers at their address any more. A controller another tool made (nvme-stas, an
+discovers at their address any more (a storage host no seed refers to any more
+included: a storage host added to the mesh later is heard of through the controllers
+at the ports that refer to it, whose log changes). A controller another tool made (nvme-stas, an
 admin's ``nvme discover -p``) is used as it is, never touched. A name is not an identity:
 the kernel gives a freed ``nvme<N>`` to the next controller made, whoever makes it (after
 an admin's ``nvme disconnect-all`` the pass's data controller, or another tool's
@@ -34,7 +38,7 @@ would be (a connection, not data: nothing is lost).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +46,7 @@ from ..config.model import Config
 from ..errors import KvagentError
 from ..fabrics import DISCOVERY_NQN, FabricsAddress
 from ..log import get_logger
+from ..records import PoolAttachment
 from ..state import read_json, write_json
 from .nvme.cli import NvmeCli
 from .nvme.options import FabricsOptions
@@ -70,18 +75,23 @@ class Wanted:
     hostid: str | None
 
 
-def wanted(cfg: Config, hostnqn: str, hostid: str | None) -> list[Wanted]:
-    """The ports the initiator pools discover at (not over TLS: a discovery controller
-    over TLS needs the pool's PSK, which only the pass puts in the keyring)."""
+def wanted(cfg: Config, hostnqn: str, hostid: str | None,
+           records: Mapping[str, PoolAttachment] | None = None) -> list[Wanted]:
+    """The ports the initiator pools discover at: each pool's seeds (its targets without
+    ``subsystem``) and, for a pool following referrals, the ports its last discovery
+    found by referral (``records``: the pools' :class:`~agent.records.PoolAttachment`,
+    their ``discovery``). Not over TLS: a discovery controller over TLS needs the pool's
+    PSK, which only the pass puts in the keyring."""
     found: dict[FabricsAddress, Wanted] = {}
     for pool in cfg.initiator.pools if cfg.initiator else ():
         if pool.tls is not None:
             continue
-        for t in pool.targets:
-            if t.subsystem:
-                continue
-            address = FabricsAddress.from_config(t).with_host(pool.connect.host_iface,
-                                                              pool.connect.host_traddr)
+        ports = [FabricsAddress.from_config(t) for t in pool.targets if not t.subsystem]
+        record = (records or {}).get(pool.name)
+        if record is not None and pool.referrals == "follow":
+            ports += record.discovery
+        for port in ports:
+            address = port.with_host(pool.connect.host_iface, pool.connect.host_traddr)
             found.setdefault(address, Wanted(address, hostnqn, hostid))
     return list(found.values())
 

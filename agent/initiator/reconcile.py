@@ -7,6 +7,12 @@ expected or not, is its own. :meth:`InitiatorPass.attach` runs them for any set 
 configured pools; the full pass gives it every one. Handing the mounted pools to their
 engines is the caller's (:mod:`agent.engines.handoff`, run by :mod:`agent.reconcile`).
 
+Subsystems recorded at a storage host whose discovery log cannot be read now (the
+discover stage carries them forward) go into the new record as they were, with their
+devices and mounts; they are neither connected, waited for nor dropped, and while one
+is reached by no other path the pool is not handed to its engines in that pass (what
+they use stays as it is).
+
 kvagent's record of what it attached (:class:`agent.records.PoolAttachment` in
 ``<state_dir>/initiator.json``) is written even when an attach fails half-way, so
 a later detach still finds the controllers it connected: each stage fills its part of
@@ -26,7 +32,7 @@ from .. import progress
 from ..config.model import Config, InitiatorPool
 from ..errors import KvagentError
 from ..log import get_logger
-from ..records import InitiatorRecords, PoolAttachment
+from ..records import InitiatorRecords, PoolAttachment, SubsystemPath
 from ..result import RunResult
 from ..system.modules import ensure_modules
 from ..system.run import Runner
@@ -73,6 +79,7 @@ def merge_record(old: PoolAttachment | None, new: PoolAttachment) -> PoolAttachm
         return new
     merged = dataclasses.replace(new, created_dirs=_union(old.created_dirs, new.created_dirs))
     if not new.complete:
+        merged.discovery = _union(old.discovery, new.discovery)
         merged.subsystems = _union(old.subsystems, new.subsystems)
         merged.devices = _union(old.devices, new.devices)
         merged.mounts = _union(old.mounts, new.mounts)
@@ -207,7 +214,12 @@ class InitiatorPass:
         return mounted
 
     def _load_modules(self, pools: list[InitiatorPool]) -> None:
-        transports = sorted({t.transport for p in pools for t in p.targets})
+        """The fabrics modules of the pools' targets and of the discovery ports their
+        records found by referral."""
+        state = self.records()
+        transports = sorted({t.transport for p in pools for t in p.targets} | {
+            a.transport for p in pools if p.name in state and p.referrals == "follow"
+            for a in state[p.name].discovery})
         ensure_modules(["nvme-fabrics", *(f"nvme-{t}" for t in transports)], self.ctx.runner,
                        self.cfg.node.sysfs)
 
@@ -218,24 +230,49 @@ class InitiatorPass:
         ctx = self.ctx
         known = None if self.rediscover or old is None or not old.complete \
             else old.subsystems
-        paths = pool_paths(ctx, pool, hostnqn, hostid, known)
-        if paths is None:
+        found = pool_paths(ctx, pool, hostnqn, hostid, known, old)
+        if found is None:
             return None  # planning: discovery is not possible now
         record = PoolAttachment(hostnqn, pool.layout, pool.shared,
-                                recoveries=list(old.recoveries) if old is not None else [])
+                                recoveries=list(old.recoveries) if old is not None else [],
+                                discovery=list(found.referred))
         box.append(record)
-        connected = connect_pool(ctx, pool, paths, hostnqn, hostid, record)
+        connected = connect_pool(ctx, pool, found.paths, hostnqn, hostid, record)
         if connected is None:
             return None  # planning: what follows needs the connect first
         devices = find_devices(ctx, pool, connected, record, old)
-        mounted = None
+        volumes = None
         if not pool.shared:
             volumes = pool_volumes(ctx, pool, hostnqn, devices, record)
             for volume in volumes:
                 make_filesystem(ctx, pool, volume)
                 mount_volume(ctx, pool, volume, record)
-            mounted = mounted_pool(ctx, pool, volumes, paths)
+        away = _carry(record, old, found.carried, set(connected)) if old is not None else set()
+        mounted = None
+        if away:
+            # What the engines use stays as it is until every storage host answers.
+            log.info("pool not handed to its engines now: some of its storage hosts are "
+                     "not reached", pool=pool.name, subsystems=sorted(away))
+        elif volumes is not None:
+            mounted = mounted_pool(ctx, pool, volumes, found.paths)
         if old is not None:
-            drop_stale(ctx, pool.name, old, record)
+            drop_stale(ctx, pool.name, old, record, found.unread)
         record.complete = True
         return mounted
+
+
+def _carry(record: PoolAttachment, old: PoolAttachment, carried: list[SubsystemPath],
+           reached: set[str]) -> set[str]:
+    """Put the subsystems carried forward from ports not read this pass (and, for those
+    no other path reached, their recorded devices and mounts) into ``record`` as
+    ``old`` has them: an unreachable storage host is unknown, never empty. Returns the
+    subsystems no path reached."""
+    if not carried:
+        return set()
+    record.subsystems = _union(record.subsystems, carried)
+    away = {s.subsysnqn for s in carried} - reached
+    devices = [d for d in old.devices if d.subsysnqn in away]
+    record.devices = _union(record.devices, devices)
+    mounts = {d.mount for d in devices if d.mount is not None}
+    record.mounts = _union(record.mounts, [m for m in old.mounts if m in mounts])
+    return away

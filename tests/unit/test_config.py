@@ -71,6 +71,13 @@ def test_base_is_valid() -> None:
     assert cfg.initiator.pools[0].connect.ctrl_loss_tmo == "forever"
 
 
+def test_referrals_are_followed_unless_ignored() -> None:
+    data = base()
+    assert parse_config(yaml.safe_dump(data)).initiator.pools[0].referrals == "follow"
+    data["initiator"]["pools"][0]["referrals"] = "ignore"
+    assert parse_config(yaml.safe_dump(data)).initiator.pools[0].referrals == "ignore"
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_examples_validate(example: Path) -> None:
     result = CliRunner().invoke(main, ["config", "validate", str(example)])
@@ -237,6 +244,8 @@ BROKEN = [
     ("nqn-with-equals", "target.pools.0.hosts.0.nqn", f"{HOST_A}=1",
      "target.pools[0].hosts[0].nqn", "must not contain ',' or '='"),
     ("bad-listen", "health.listen", "localhost", "health.listen", "host:port"),
+    ("bad-referrals", f"{INI}.referrals", "always", "initiator.pools[0].referrals",
+     "follow, ignore"),
     ("section-not-mapping", "health", ["listen"], "health", "mapping"),
 ]
 

@@ -496,6 +496,33 @@ def test_every_pass_keeps_the_discovery_controllers(tmp_path: Path,
     assert agent.reconcile().ok  # type: ignore[union-attr]
 
 
+def test_the_discovery_controllers_follow_the_ports_the_records_were_referred_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool's record lists the ports its last discovery found by referral: the agent
+    keeps a discovery controller there too (a storage host added to the mesh later is
+    heard of by its AEN)."""
+    import nvmet.ids
+    from agent import daemon
+    from agent.fabrics import FabricsAddress
+    from agent.initiator.discovery_controllers import DiscoveryControllers
+    from agent.records import InitiatorRecords, PoolAttachment
+
+    config = gpu_config(tmp_path)
+    cfg = load_config(config)
+    agent = Agent(str(config), cfg, runner=FakeRunner(), notifier=Notifier(env={}))
+    monkeypatch.setattr(daemon, "run_pass", lambda cfg, **kw: RunResult(dry_run=False))
+    monkeypatch.setattr(nvmet.ids, "read_host_identity",
+                        lambda nvme_dir: nvmet.ids.HostIdentity("nqn.2014-08.org.x:h", "id"))
+    synced: list[list[str]] = []
+    monkeypatch.setattr(DiscoveryControllers, "sync", lambda self, wants: synced.append(
+        [w.address.traddr or "" for w in wants]) or [])
+    Path(cfg.node.state_dir).mkdir(parents=True, exist_ok=True)
+    InitiatorRecords.save(cfg.node.state_dir, {"kv": PoolAttachment(
+        "nqn.2014-08.org.x:h", discovery=[FabricsAddress("tcp", "192.0.2.9", "4420")])})
+    assert isinstance(agent.reconcile(attach_only=("kv",)), RunResult)
+    assert synced == [["192.0.2.1", "192.0.2.9", "192.0.2.2"]]
+
+
 def test_the_periodic_collect_reads_no_topology_between_events(tmp_path: Path,
                                                              monkeypatch) -> None:
     """Controllers, namespaces and nvmet change only with an event, a pass or by hand (in

@@ -166,3 +166,45 @@ def test_a_save_formats_only_the_records_that_changed(tmp_path, monkeypatch) -> 
     InitiatorRecords.save(tmp_path, pools, texts)
     assert formatted == ["changed"]
     assert InitiatorRecords.load(tmp_path) == pools
+
+
+# ------------------------------------------------- initiator.json referred ports
+def test_the_ports_found_by_referral_are_recorded_flat_and_load_back(tmp_path: Path) -> None:
+    from agent.records import INITIATOR_FILE, InitiatorRecords
+
+    rec = dataclasses.replace(attachment(1), discovery=[
+        FabricsAddress("tcp", "10.0.0.2", "4420"), FabricsAddress("rdma", "FD00::3", "04420")])
+    InitiatorRecords.save(tmp_path, {"kv": rec})
+    saved = json.loads((tmp_path / INITIATOR_FILE).read_text())["pools"]["kv"]
+    assert saved["discovery"] == [
+        {"transport": "tcp", "traddr": "10.0.0.2", "trsvcid": "4420"},
+        {"transport": "rdma", "traddr": "fd00::3", "trsvcid": "4420"}]
+    assert InitiatorRecords.load(tmp_path) == {"kv": rec}
+
+
+def test_a_record_without_referred_ports_has_no_key_and_an_old_one_loads(
+        tmp_path: Path) -> None:
+    """Written before the field existed (no key) it loads with none; none is written as
+    no key, so such a record's text stays what it was."""
+    from agent.records import INITIATOR_FILE, InitiatorRecords
+
+    rec = attachment(1)
+    assert "discovery" not in rec.to_json()
+    InitiatorRecords.save(tmp_path, {"kv": rec})
+    assert "discovery" not in (tmp_path / INITIATOR_FILE).read_text()
+    assert InitiatorRecords.load(tmp_path)["kv"].discovery == []
+
+
+@pytest.mark.parametrize("port", [
+    {"transport": "tcp", "traddr": "10.0.0.2"},
+    {"transport": "tcp", "traddr": "10.0.0.2", "trsvcid": "4420", "host_iface": "eth1"},
+    {"transport": "tcp", "traddr": None, "trsvcid": "4420"},
+    "tcp 10.0.0.2:4420",
+])
+def test_a_referred_port_out_of_shape_is_malformed(tmp_path: Path, port: object) -> None:
+    from agent.records import INITIATOR_FILE, InitiatorRecords, RecordError
+
+    (tmp_path / INITIATOR_FILE).write_text(json.dumps(
+        {"schema": 2, "pools": {"kv": {"hostnqn": "h", "discovery": [port]}}}))
+    with pytest.raises(RecordError, match="malformed"):
+        InitiatorRecords.load(tmp_path)

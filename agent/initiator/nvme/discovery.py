@@ -2,7 +2,9 @@
 
 nvme-cli 2.3 prints ``{"genctr", "records": [...]}``; other releases add ``"device"``
 and record fields (``eflags``); spacing differs (fixtures under
-tests/unit/initiator/fixtures/).
+tests/unit/initiator/fixtures/). Besides the NVM subsystems a record may be the port's
+own discovery subsystem or a referral to another storage host's discovery port
+(:attr:`DiscoveryEntry.is_referral`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,17 @@ class DiscoveryEntry:
         if "discovery" in sub or "referral" in sub:
             return False
         return self.subnqn != DISCOVERY_NQN
+
+    @property
+    def is_referral(self) -> bool:
+        """A referral to another discovery service (its address is where to read next):
+        subtype 1, which libnvme prints "discovery subsystem referral" and nvme-cli 1.x
+        "discovery subsystem". The "current discovery subsystem" record (the port read
+        itself, subtype 3) is none."""
+        sub = " ".join(self.subtype.lower().split())
+        if "current" in sub:
+            return False
+        return "referral" in sub or sub in ("discovery subsystem", "1")
 
 
 def parse_discover(text: str) -> list[DiscoveryEntry]:

@@ -3,7 +3,9 @@
 For each pool :mod:`agent.initiator.reconcile` runs
 
 1. :mod:`.discover` — ``pool_paths``: the pool's subsystems, each at its target
-   (configured, or found by ``nvme discover``); a shared subsystem refused;
+   (configured, or found by ``nvme discover`` at the seeds and the storage hosts their
+   referrals name); what the record has at a port that cannot be read carried forward;
+   a shared subsystem refused;
 2. :mod:`.connect` — ``connect_pool``: every path connected idempotently (recorded
    first: ``PoolAttachment.subsystems``), the controllers' timeouts and the pool's I/O
    policy kept;

@@ -10,9 +10,11 @@ mount directories kvagent created, when empty.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 from ...errors import KvagentError
+from ...fabrics import FabricsAddress
 from ...log import get_logger
 from ...records import PoolAttachment, SubsystemPath
 from ..connect import disconnect_controllers
@@ -44,12 +46,16 @@ def detach_pool(ctx: StageContext, name: str, record: PoolAttachment) -> None:
         ctx.act(name, "rmdir", d, "mount directory kvagent created")
 
 
-def drop_stale(ctx: StageContext, name: str, old: PoolAttachment,
-               new: PoolAttachment) -> None:
-    """Undo what an earlier attach did that the config no longer asks for."""
-    stale_mounts = [m for m in old.mounts if m not in new.mounts]
+def drop_stale(ctx: StageContext, name: str, old: PoolAttachment, new: PoolAttachment,
+               unread: Collection[FabricsAddress] = ()) -> None:
+    """Undo what an earlier attach did that the config no longer asks for. Nothing
+    recorded at a port whose discovery log this pass could not read (``unread``) is
+    stale: what that storage host offers is unknown, not nothing."""
+    held = {s.subsysnqn for s in old.subsystems if s.address in unread}
+    held_mounts = {d.mount for d in old.devices if d.subsysnqn in held}
+    stale_mounts = [m for m in old.mounts if m not in new.mounts and m not in held_mounts]
     _unmount_all(ctx, name, stale_mounts, old)
-    keep = {s.subsysnqn for s in new.subsystems}
+    keep = {s.subsysnqn for s in new.subsystems} | held
     stale = [s for s in old.subsystems if s.subsysnqn not in keep]
     _disconnect_all(ctx, name, stale, old.hostnqn)
 

@@ -89,6 +89,10 @@ class FakeHost:
     busy: set[str] = field(default_factory=set)
     refuse_vgchange_an: bool = False
     unreachable: set[str] = field(default_factory=set)  # target addresses that refuse
+    #: the discovery referrals each storage host's port lists (traddr -> traddrs)
+    referrals: dict[str, list[str]] = field(default_factory=dict)
+    #: discovery ports whose log cannot be read (nvme discover: connection refused)
+    discovery_down: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.sys = FakeSysfs(self.root / "sys")
@@ -226,9 +230,21 @@ node:
 
     # ------------------------------------------------------------- nvme
     def _discover(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
-        records = [{"trtype": "tcp", "adrfam": "ipv4", "subtype": "nvme subsystem",
-                    "portid": 1, "trsvcid": "4420", "subnqn": e.nqn, "traddr": e.traddr}
-                   for e in self.exports if e.traddr == self.opt(argv, "--traddr")]
+        """The log nvmet gives this host at ``--traddr`` (nvme-cli 2.x JSON): the port's
+        own discovery record, its subsystems, its referrals; refused while down
+        (tests/unit/initiator/fixtures/nvme-2.3/cases/discover-refused.json)."""
+        traddr = self.opt(argv, "--traddr")
+        if traddr in self.discovery_down:
+            return self.ok(argv, rc=1, err="Failed to write to /dev/nvme-fabrics: Connection "
+                           "refused\nfailed to add controller, error connection refused\n")
+        record = {"trtype": "tcp", "adrfam": "ipv4", "portid": 1, "trsvcid": "4420"}
+        records = [{**record, "subtype": "current discovery subsystem",
+                    "subnqn": "nqn.2014-08.org.nvmexpress.discovery", "traddr": traddr}]
+        records += [{**record, "subtype": "nvme subsystem", "subnqn": e.nqn,
+                     "traddr": e.traddr} for e in self.exports if e.traddr == traddr]
+        records += [{**record, "subtype": "discovery subsystem referral", "portid": 2,
+                     "subnqn": "nqn.2014-08.org.nvmexpress.discovery", "traddr": to}
+                    for to in self.referrals.get(traddr or "", [])]
         return self.ok(argv, json.dumps({"genctr": 1, "records": records}))
 
     def _export(self, nqn: str) -> Export:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import load_config
+from agent.fabrics import FabricsAddress
 from agent.initiator.discovery_controllers import (
     KEEP_ALIVE,
     RECORD,
@@ -18,6 +19,8 @@ from agent.initiator.discovery_controllers import (
 from agent.initiator.nvme.discovery import DISCOVERY_NQN
 from agent.initiator.nvme.failures import TransientConnectError
 from agent.initiator.sysfs import Sysfs
+from agent.records import PoolAttachment
+from agent.tlspsk import generate_psk
 
 HOSTNQN = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555"
 OTHER = "nqn.2014-08.org.example:another-tool"
@@ -249,3 +252,61 @@ def test_an_entry_that_proves_nothing_is_dropped_and_its_controller_left(
     assert recorded(run) == []
     assert keeper.sync([]) == [] and cli.calls == []
     assert (sys / "class/nvme/nvme0").exists()
+
+
+# ------------------------------------------------------------ referred ports
+def referred(*traddrs: str) -> dict[str, PoolAttachment]:
+    """Pool p0's record, its last discovery having found ``traddrs`` by referral."""
+    return {"p0": PoolAttachment(HOSTNQN, discovery=[
+        FabricsAddress("tcp", t, "4420") for t in traddrs])}
+
+
+def test_the_ports_a_pool_was_referred_to_are_wanted_with_its_host_side(
+        tmp_path: Path) -> None:
+    (tmp_path / "k.yaml").write_text(f"""
+version: 1
+node: {{name: gpu1}}
+initiator:
+  pools:
+    - {{name: p0, target: {{transport: tcp, address: 10.0.0.1}}, mount: {tmp_path}/p0,
+       connect: {{host_iface: eth1}}}}
+""")
+    wants = wanted(load_config(tmp_path / "k.yaml"), HOSTNQN, None,
+                   referred("10.0.0.2", "10.0.0.1"))  # (the seed again: once)
+    assert [(w.address.traddr, w.address.host_iface) for w in wants] == [
+        ("10.0.0.1", "eth1"), ("10.0.0.2", "eth1")]
+
+
+@pytest.mark.parametrize("pool", ["referrals: ignore", "tls: {key_file: PSK}"])
+def test_referred_ports_of_a_pool_ignoring_referrals_or_over_tls_are_not_wanted(
+        tmp_path: Path, pool: str) -> None:
+    (tmp_path / "psk").write_text(generate_psk().text + "\n")
+    (tmp_path / "psk").chmod(0o600)
+    pool = pool.replace("PSK", str(tmp_path / "psk"))
+    (tmp_path / "k.yaml").write_text(f"""
+version: 1
+node: {{name: gpu1}}
+initiator:
+  pools:
+    - {{name: p0, target: {{transport: tcp, address: 10.0.0.1}}, mount: {tmp_path}/p0,
+       {pool}}}
+""")
+    wants = wanted(load_config(tmp_path / "k.yaml"), HOSTNQN, None, referred("10.0.0.2"))
+    assert "10.0.0.2" not in [w.address.traddr for w in wants]
+
+
+def test_a_port_that_left_the_mesh_loses_kvagents_controller(tmp_path: Path, host) -> None:  # type: ignore[no-untyped-def]
+    """A storage host the seeds referred to is wanted while the record lists it; once no
+    seed refers to it (the record's next discovery lacks it) kvagent's own controller there
+    goes, another tool's never."""
+    sys, _run, cli, keeper = host
+    cfg = config(tmp_path, "10.0.0.1")
+    controller(sys, "nvme5", DISCOVERY_NQN, "10.0.0.3", HOSTNQN)  # another tool's
+    done = keeper.sync(wanted(cfg, HOSTNQN, None, referred("10.0.0.2", "10.0.0.3")))
+    assert done == ["connected nvme0 (tcp 10.0.0.1:4420)",
+                    "connected nvme1 (tcp 10.0.0.2:4420)"]
+    cli.calls.clear()
+    done = keeper.sync(wanted(cfg, HOSTNQN, None, referred()))
+    assert done == ["disconnected nvme1 (tcp 10.0.0.2:4420)"]
+    assert cli.calls == [("disconnect", "nvme1")]
+    assert sorted(p.name for p in (sys / "class/nvme").iterdir()) == ["nvme0", "nvme5"]

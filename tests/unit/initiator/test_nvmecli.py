@@ -88,6 +88,38 @@ def test_discover_older_layout_with_device_and_spacing() -> None:
     assert all(e.is_nvm_subsystem for e in entries)
 
 
+def test_discover_tells_referrals_from_subsystems_and_the_port_itself() -> None:
+    """A port with nvmet referrals to two other storage hosts (composed in nvme-cli 2.3's
+    shape: fixtures/README.md): the current discovery subsystem is the port read, no
+    referral; each referral's address is the port to read next."""
+    entries = discovery.parse_discover(text(FIX / "composed" / "discover-referrals.json"))
+    current, nvm, *referrals = entries
+    assert not current.is_referral and not current.is_nvm_subsystem
+    assert nvm.is_nvm_subsystem and not nvm.is_referral
+    assert all(r.is_referral and not r.is_nvm_subsystem for r in referrals)
+    assert [(r.address.transport, r.address.traddr, r.address.trsvcid, r.subnqn)
+            for r in referrals] == [
+        ("tcp", "10.0.0.2", "4420", discovery.DISCOVERY_NQN),
+        ("tcp", "fd00:10::3", "8009", discovery.DISCOVERY_NQN)]
+
+
+@pytest.mark.parametrize(("subtype", "referral"), [
+    ("discovery subsystem referral", True),  # libnvme (nvme-cli 2.x)
+    ("Discovery Subsystem  Referral", True),
+    ("referral", True),
+    ("discovery subsystem", True),  # nvme-cli 1.x's text for subtype 1
+    ("current discovery subsystem", False),
+    ("unrecognized", False),  # nvme-cli 1.x for subtype 3: the port read itself
+    ("nvme subsystem", False),
+])
+def test_a_referral_by_its_subtype_text(subtype: str, referral: bool) -> None:
+    [entry] = discovery.parse_discover(json.dumps({"records": [{
+        "trtype": "tcp", "traddr": "10.0.0.2", "trsvcid": "4420", "subtype": subtype,
+        "subnqn": discovery.DISCOVERY_NQN}]}))
+    assert entry.is_referral is referral
+    assert not entry.is_nvm_subsystem
+
+
 def test_discover_skips_records_without_address_and_tolerates_noise() -> None:
     noisy = "warning: something\n" + json.dumps(
         {"records": [{"subnqn": "nqn.x:y"}, {"traddr": "::1", "subnqn": "nqn.2026-11.a:b",

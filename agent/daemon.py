@@ -71,6 +71,9 @@ log = get_logger("daemon")
 #: each of its system calls, so at 5 ms a /metrics scrape during a pass waited ~10x
 #: longer than one between passes (measured with 64 pools).
 SWITCH_INTERVAL = 0.0005
+#: The first wait before a discovery port out of reach is tried again (s); it doubles
+#: while the port stays out of reach, up to ``health.interval``.
+DISCOVERY_RETRY = 2.0
 
 
 class Schedule:
@@ -80,9 +83,12 @@ class Schedule:
         self.full = now + cfg.health.full_interval
         self.collect = now + cfg.health.interval
         self.retry: float | None = None
+        #: when to try again the discovery ports no controller could be connected to
+        self.discovery: float | None = None
 
     def next_due(self) -> float:
-        return min(t for t in (self.full, self.collect, self.retry) if t is not None)
+        return min(t for t in (self.full, self.collect, self.retry, self.discovery)
+                   if t is not None)
 
     def passed(self, now: float, cfg: Config, *, full: bool, ok: bool) -> None:
         """A pass ran (``full``: over everything): the next full pass and the collect move
@@ -149,6 +155,10 @@ class Agent:
         self.drift = DriftTracker(cfg.health.interval, cfg.health.full_interval)
         #: Drift the last collect found that is due to be healed (the loop's next step).
         self.heal_next: list[Drift] = []
+        #: discovery ports no controller could be connected to at the last try, and the
+        #: wait before the next (:meth:`_retry_discovery`)
+        self.unreached: list[Any] = []
+        self.discovery_wait = DISCOVERY_RETRY
 
     # ----------------------------------------------------------------- signals
     def install_signals(self) -> None:
@@ -238,16 +248,22 @@ class Agent:
         self.collect(after_pass=True, covered=covered)
         return result
 
-    def _keep_discovery_controllers(self) -> None:
+    def _keep_discovery_controllers(self) -> bool:
         """A persistent discovery controller to each storage host port the initiator pools
         discover at (their seeds, and the ports their records found by referral), so a
         pool exported there comes as an AEN (never fails the loop; records that cannot
-        be read leave the controllers as they are)."""
+        be read leave the controllers as they are).
+
+        A port no controller could be connected to (a storage host referred to before it
+        is up, or down) is tried again after :data:`DISCOVERY_RETRY` s, doubling up to
+        ``health.interval`` (:meth:`_retry_discovery`). Returns whether a controller was
+        connected to a port that had been out of reach: it has not been read yet."""
         from .initiator.discovery_controllers import RECORD, DiscoveryControllers, wanted
         from .records import InitiatorRecords
 
         if self.cfg.initiator is None and not (Path(self.run_dir) / RECORD).exists():
-            return
+            self.unreached = []
+            return False
         try:
             from nvmet.ids import read_host_identity
 
@@ -265,6 +281,31 @@ class Agent:
                 log.info("discovery controller", change=line)
         except Exception as exc:  # the passes still discover: only the AENs are missed
             log.warning("discovery controllers not kept", error=str(exc))
+            return False
+        back = [w.address for w in keeper.connected if w.address in self.unreached]
+        self.unreached = [w.address for w in keeper.unreached]
+        return bool(back)
+
+    def _retry_discovery(self, schedule: Schedule) -> None:
+        """The discovery ports out of reach, tried again: when one answers now, an attach
+        pass reads it (a storage host that came up after it was referred to); while some
+        stay out of reach, the next try backs off."""
+        if self._keep_discovery_controllers():
+            log.info("a discovery port out of reach answers now: attaching")
+            pools = tuple(p.name for p in self.cfg.initiator.pools) if self.cfg.initiator \
+                else ()
+            outcome = self.reconcile(attach_only=pools, rediscover=True)
+            schedule.passed(self.clock(), self.cfg, full=False, ok=_ok(outcome))
+        self._schedule_discovery(schedule, backoff=True)
+
+    def _schedule_discovery(self, schedule: Schedule, *, backoff: bool = False) -> None:
+        if not self.unreached:
+            schedule.discovery, self.discovery_wait = None, DISCOVERY_RETRY
+            return
+        if backoff:
+            self.discovery_wait = min(self.discovery_wait * 2, self.cfg.health.interval)
+        if schedule.discovery is None or backoff:
+            schedule.discovery = self.clock() + self.discovery_wait
 
     def _skipped(self, exc: Busy) -> None:
         """A pass skipped: count it, log it (warning from the second in a row), record it."""
@@ -493,6 +534,7 @@ class Agent:
         log.info("agent ready", pools=len(self.store.get().pools) if self.store.get() else 0)
         schedule = Schedule(self.clock(), self.cfg)
         schedule.passed(self.clock(), self.cfg, full=True, ok=_ok(outcome))
+        self._schedule_discovery(schedule)
         batcher = Batcher(self.events, clock=self.clock)
         pending: Any = None  # what ended a batch of device events: handled next
         while True:
@@ -530,6 +572,8 @@ class Agent:
                 self.collect()
                 outcome = self.reconcile()
                 schedule.passed(self.clock(), self.cfg, full=True, ok=_ok(outcome))
+            elif schedule.discovery is not None and now >= schedule.discovery:
+                self._retry_discovery(schedule)
             elif now >= schedule.collect:
                 self.collect(fresh=False)
                 schedule.collected(self.clock(), self.cfg)
@@ -540,6 +584,7 @@ class Agent:
             if self.heal_next and pending != "stop" and not progress.stop_requested():
                 self._heal(schedule)
             schedule.collect_by(self.drift.next_heal())
+            self._schedule_discovery(schedule)
 
     def _find_drift(self, facts: Facts, covered: set[PoolKey] | None) -> None:
         """Compare a collect's facts with the baseline the passes left; what is due goes to

@@ -171,6 +171,10 @@ class DiscoveryControllers:
         self.record = Path(run_dir) / RECORD
         self.cli, self.sysfs = cli, sysfs
         self.boot = boot if boot is not None else boot_id()
+        #: the wanted ports the last :meth:`sync` could not connect to (down, not up yet)
+        self.unreached: list[Wanted] = []
+        #: the wanted ports the last :meth:`sync` connected a controller to
+        self.connected: list[Wanted] = []
 
     def _recorded(self) -> list[object]:
         data = read_json(self.record, {})
@@ -184,7 +188,8 @@ class DiscoveryControllers:
     def sync(self, wants: Iterable[Wanted]) -> list[str]:
         """Connect a discovery controller to each wanted port that has none (kvagent's or
         another tool's); disconnect kvagent's that no pool wants. Returns what it did, for
-        the log. A port that cannot be reached now is tried again at the next sync."""
+        the log. A port that cannot be reached now (:attr:`unreached`) is tried again at
+        the next sync."""
         wants = list(wants)
         recorded = self._recorded()
         owned = [o for o in (_still_ours(e, self.sysfs, self.boot) for e in recorded)
@@ -192,6 +197,7 @@ class DiscoveryControllers:
         present = [c for c in self.sysfs.controllers(DISCOVERY_NQN, fresh=True)
                    if c.usable or c.state in ("connecting", "resetting")]
         done: list[str] = []
+        self.unreached, self.connected = [], []
         keep = [o for o in owned if any(_serves(o.ctrl, w) for w in wants)]
         entries = [self._entry(o) for o in keep]
         for o in owned:
@@ -218,8 +224,10 @@ class DiscoveryControllers:
             except KvagentError as exc:
                 log.info("no discovery controller now; the passes still discover",
                          target=a.describe(), error=exc.message)
+                self.unreached.append(want)
                 continue
             done.append(f"connected {name} ({a.describe()})")
+            self.connected.append(want)
             made = _identified(self.sysfs, name)
             if made is None or not _serves(made.ctrl, want):
                 continue  # gone already, or its name another's: not recorded, not claimed

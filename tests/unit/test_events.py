@@ -604,3 +604,52 @@ def test_without_cap_net_admin_the_udev_buffer_grows_to_rmem_max() -> None:
     forced = _Monitor(forced=True)  # SO_RCVBUFFORCE worked: nothing more is asked
     assert grow_receive_buffer(forced, size=16 << 20) == forced.sock.getsockopt(
         socket.SOL_SOCKET, socket.SO_RCVBUF) == default
+
+
+def test_a_discovery_port_out_of_reach_is_retried_backing_off_and_attached_once_it_answers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A storage host referred to before it is up: no discovery controller can be made
+    there, so no AEN will tell of it. The agent tries the port again (2 s, then doubling
+    up to health.interval) and, once a controller connects, runs an attach pass that
+    rediscovers; then it stops trying."""
+    import nvmet.ids
+    from agent import daemon
+    from agent.daemon import Schedule
+    from agent.initiator.discovery_controllers import DiscoveryControllers
+
+    config = gpu_config(tmp_path)
+    cfg = load_config(config)
+    now = [1000.0]
+    agent = Agent(str(config), cfg, runner=FakeRunner(), notifier=Notifier(env={}),
+                  clock=lambda: now[0])
+    passes: list[dict] = []
+    monkeypatch.setattr(daemon, "run_pass", lambda cfg, **kw: passes.append(kw) or RunResult(
+        dry_run=False))
+    monkeypatch.setattr(nvmet.ids, "read_host_identity",
+                        lambda nvme_dir: nvmet.ids.HostIdentity("nqn.2014-08.org.x:h", "id"))
+    up = {"192.0.2.2": False}
+
+    def sync(self: DiscoveryControllers, wants: list) -> list[str]:
+        self.unreached = [w for w in wants if up.get(w.address.traddr) is False]
+        self.connected = [w for w in wants if up.get(w.address.traddr) is True]
+        for w in self.connected:
+            up[w.address.traddr] = None  # (connected: the next sync finds it present)
+        return []
+
+    monkeypatch.setattr(DiscoveryControllers, "sync", sync)
+    assert agent.reconcile().ok  # type: ignore[union-attr]
+    schedule = Schedule(now[0], cfg)
+    agent._schedule_discovery(schedule)
+    assert schedule.discovery == now[0] + daemon.DISCOVERY_RETRY
+    waits = []
+    for _ in range(3):  # still down: each try waits twice as long
+        now[0] = schedule.discovery
+        agent._retry_discovery(schedule)
+        waits.append(schedule.discovery - now[0])
+    assert waits == [4.0, 8.0, 16.0]
+    assert len(passes) == 1  # no pass for a port still down
+    up["192.0.2.2"] = True
+    now[0] = schedule.discovery
+    agent._retry_discovery(schedule)
+    assert len(passes) == 2 and passes[1]["rediscover"] is True
+    assert schedule.discovery is None and agent.discovery_wait == daemon.DISCOVERY_RETRY

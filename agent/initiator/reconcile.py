@@ -256,7 +256,15 @@ class InitiatorPass:
         elif volumes is not None:
             mounted = mounted_pool(ctx, pool, volumes, found.paths)
         if old is not None:
-            drop_stale(ctx, pool.name, old, record, found.unread)
+            busy = drop_stale(ctx, pool.name, old, record, found.unread)
+            for mount, users in busy.items():
+                ctx.result.error(
+                    "initiator", pool.name,
+                    f"{mount} left pool {pool.name} (its storage host is draining or no "
+                    "longer offers it) and is out of the engines' configs, but "
+                    f"{', '.join(u.describe() for u in users)} still use it: kvagent "
+                    "unmounts and disconnects it once nothing holds it",
+                    "restart those engines (they take the pool's config as rendered now)")
         record.complete = True
         return mounted
 

@@ -17,6 +17,7 @@ from ...errors import KvagentError
 from ...fabrics import FabricsAddress
 from ...log import get_logger
 from ...records import PoolAttachment, SubsystemPath
+from ...system.mountusers import MountUser
 from ..connect import disconnect_controllers
 from ..mounts import MountEntry, mounted_at, remove_mount_points, unmount
 from ..striped import deactivate, dm_name, volume_path
@@ -47,17 +48,35 @@ def detach_pool(ctx: StageContext, name: str, record: PoolAttachment) -> None:
 
 
 def drop_stale(ctx: StageContext, name: str, old: PoolAttachment, new: PoolAttachment,
-               unread: Collection[FabricsAddress] = ()) -> None:
-    """Undo what an earlier attach did that the config no longer asks for. Nothing
-    recorded at a port whose discovery log this pass could not read (``unread``) is
-    stale: what that storage host offers is unknown, not nothing."""
+               unread: Collection[FabricsAddress] = ()) -> dict[str, list[MountUser]]:
+    """Undo what an earlier attach did that the config (or the storage hosts: one that
+    left the mesh, a subsystem no longer offered) no longer asks for. Nothing recorded at
+    a port whose discovery log this pass could not read (``unread``) is stale: what that
+    storage host offers is unknown, not nothing.
+
+    A stale mount some process still uses (an engine that has not restarted since its
+    config left the mount out) is not unmounted, nor are its namespace's controllers
+    disconnected: it goes into ``new`` as ``old`` had it, to be let go by a later pass
+    once nothing holds it. Returns those mounts with the processes that hold them."""
     held = {s.subsysnqn for s in old.subsystems if s.address in unread}
     held_mounts = {d.mount for d in old.devices if d.subsysnqn in held}
     stale_mounts = [m for m in old.mounts if m not in new.mounts and m not in held_mounts]
-    _unmount_all(ctx, name, stale_mounts, old)
+    busy = {}
+    if not ctx.dry_run:
+        busy = {m: users for m in stale_mounts
+                if mounted_at(m, ctx.seams.mountinfo) is not None and (users := ctx.seams.users(m))}
+    if busy:
+        held |= {d.subsysnqn for d in old.devices if d.mount in busy}
+        devices = [d for d in old.devices if d.subsysnqn in held]
+        new.devices = list(dict.fromkeys([*new.devices, *devices]))
+        new.mounts = list(dict.fromkeys([*new.mounts, *(m for m in old.mounts if m in busy)]))
+        new.subsystems = list(dict.fromkeys(
+            [*new.subsystems, *(s for s in old.subsystems if s.subsysnqn in held)]))
+    _unmount_all(ctx, name, [m for m in stale_mounts if m not in busy], old)
     keep = {s.subsysnqn for s in new.subsystems} | held
     stale = [s for s in old.subsystems if s.subsysnqn not in keep]
     _disconnect_all(ctx, name, stale, old.hostnqn)
+    return busy
 
 
 def _unmount_all(ctx: StageContext, name: str, mounts: list[str],

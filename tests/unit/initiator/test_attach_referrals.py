@@ -203,6 +203,40 @@ def test_a_host_no_seed_refers_to_any_more_leaves_the_pool(host: FakeHost) -> No
     assert record(host).discovery == [port(2)]
 
 
+def test_a_leaving_mount_an_engine_still_uses_is_kept_and_let_go_once_free(
+        host: FakeHost) -> None:
+    """store3 left the mesh while an engine still has files open on its mount: the
+    engines get the pool without it, the pass says which process holds it (the pool's
+    error: /readyz and status show it), and nothing of store3 is unmounted or
+    disconnected; the first pass after the engine let go detaches it."""
+    from agent.system.mountusers import MountUser
+
+    attach(host, pool_yaml(host))
+    leaving = next(m for m in host.mounts() if m.endswith("store3-ns1"))
+    host.users[leaving] = [MountUser(4242, "python3 -m lmcache", "open file")]
+    host.referrals = {addr(1): [addr(2)]}
+    calls = len(host.runner.calls)
+    cfg = host.config(f"initiator:\n  device_wait: 5s\n  pools:\n{pool_yaml(host)}")
+    result = RunResult(dry_run=False)
+    [handed] = InitiatorPass(cfg, host.runner, result, sysfs=host.sysfs, cli=host.cli,
+                             seams=host.seams(), wait_reconnects=False).attach_configured()
+    [error] = result.errors
+    assert leaving in error.message and "python3 -m lmcache (pid 4242" in error.message
+    # The engines' configs are rendered from the two mounts that stay.
+    assert sorted(Path(m).name for m in handed.mounts) == ["store1-ns1", "store2-ns1"]
+    assert steps(host, calls, "umount") == [] and steps(host, calls, "nvme", "disconnect") == []
+    assert mounted(host) == ["store1-ns1", "store2-ns1", "store3-ns1"]
+    assert nqn(3) in {s.subsysnqn for s in record(host).subsystems}
+    assert leaving in record(host).mounts
+
+    host.users.clear()  # the engine restarted
+    result, _ = attach(host, pool_yaml(host))
+    assert result.ok, result.errors
+    assert mounted(host) == ["store1-ns1", "store2-ns1"]
+    assert {s.subsysnqn for s in record(host).subsystems} == {nqn(1), nqn(2)}
+    assert steps(host, calls, "nvme", "disconnect")
+
+
 # -------------------------------------------------- unreachable is unknown
 
 def down(host: FakeHost, store: int) -> None:

@@ -109,6 +109,18 @@ def cut(service: int, on: bool) -> None:
                "match", "ip", field, str(service), "0xffff", "action", "drop")
 
 
+def bare_block() -> str | None:
+    """The block device of the bare subsystem's namespace (its multipath head)."""
+    for dev in Path("/sys/block").glob("nvme*n1"):
+        try:
+            if kit.read(dev / "device" / "subsysnqn") == BARE_NQN and \
+                    Path(f"/dev/{dev.name}").exists() and "c" not in dev.name[4:]:
+                return f"/dev/{dev.name}"
+        except OSError:
+            continue
+    return None
+
+
 def bare_attach(lab: Lab) -> float:
     """A namespace of the same size exported by hand, then ``nvme connect`` + mkfs.xfs +
     mount by hand, as another host: the floor the agent's join is compared with."""
@@ -127,12 +139,8 @@ def bare_attach(lab: Lab) -> float:
     started = time.monotonic()
     kit.sh("nvme", "connect", "-t", "tcp", "-a", "127.0.0.1", "-s", "4420", "-n", BARE_NQN,
            "--hostnqn", BARE_HOSTNQN)
-    ctrl = kit.wait_for(lambda: next(iter(kit.controllers_for(BARE_NQN)), None), 30,
-                        what="the bare controller")
-    dev = kit.wait_for(lambda: next(iter(sorted(ctrl.glob("nvme*n1"))), None), 30,
-                       interval=0.05, what="the bare namespace's block device")
-    block = f"/dev/{dev.name}"
-    kit.wait_for(lambda: Path(block).exists(), 30, interval=0.05, what=block)
+    block = kit.wait_for(lambda: bare_block(), 30, interval=0.05,
+                         what="the bare namespace's block device")
     kit.sh("mkfs.xfs", "-q", "-f", block, timeout=120)
     target = lab.root / "bare"
     target.mkdir()
@@ -208,8 +216,10 @@ health: {{listen: "127.0.0.1:{port}", interval: 10m, full_interval: 10m}}
         ctrls = data_controllers(lab.hostnqn)
         assert sorted(nqn for nqn, _ in ctrls) == [f"{PREFIX}:{n}:kv:lab" for n in everyone]
         assert all(len(names) == 1 for names in ctrls.values()), ctrls
-        # A discovery controller of the agent's at each storage host.
-        assert len([h for h in discovery_controllers().values() if h == lab.hostnqn]) == 3
+        # A discovery controller of the agent's at each storage host (made after the pass).
+        kit.wait_for(lambda: len([h for h in discovery_controllers().values()
+                                  if h == lab.hostnqn]) == 3, 60, interval=0.2,
+                     what="the agent's discovery controllers at the three storage hosts")
 
         # sb cut off: a silent path. Nothing is unmounted or disconnected.
         cut(STORAGE["sb"][1], True)

@@ -823,12 +823,12 @@ t0=$(date +%s.%N)
 nvme connect -t tcp -a {fleet.address(JOINER)} -s 4420 -n {nqn} --hostnqn {host} \
   --hostid $(cat /proc/sys/kernel/random/uuid) >/dev/null
 for i in $(seq 600); do
-  dev=$(for c in /sys/class/nvme/nvme*; do [ "$(cat $c/subsysnqn)" = {nqn} ] && \
-ls -d $c/nvme*n1 2>/dev/null; done | head -n 1)
-  [ -n "$dev" ] && [ -b /dev/${{dev##*/}} ] && break; sleep 0.05
+  dev=$(for b in /sys/block/nvme*n1; do case ${{b##*/}} in *c*n1) continue;; esac
+    [ "$(cat $b/device/subsysnqn 2>/dev/null)" = {nqn} ] && echo ${{b##*/}}; done | head -n 1)
+  [ -n "$dev" ] && [ -b /dev/$dev ] && break; sleep 0.05
 done
-mkfs.xfs -q -f /dev/${{dev##*/}}
-mkdir -p /mnt/bare && mount /dev/${{dev##*/}} /mnt/bare
+mkfs.xfs -q -f /dev/$dev
+mkdir -p /mnt/bare && mount /dev/$dev /mnt/bare
 t1=$(date +%s.%N)
 umount /mnt/bare && nvme disconnect -n {nqn} >/dev/null
 python3 -c "print($t1 - $t0)"

@@ -416,6 +416,28 @@ def test_mesh_mode_adding_a_storage_host_changes_no_gpu_hosts_config(tmp_path: P
                                            for g in ("gpu-01", "gpu-02")]
 
 
+def test_mesh_mode_a_draining_storage_host_is_listed_draining_everywhere(
+        tmp_path: Path) -> None:
+    """kvagent_draining: true in stor-03's host vars: every storage host (itself too)
+    lists its ports draining (referred to by none), nothing else of any config changes,
+    and no GPU host's config changes."""
+    inventory = _fleet(tmp_path, ["stor-01"])
+    _add_storage_host(inventory, "stor-03", STOR_03)
+    joined = _render_fleet(tmp_path / "joined", inventory)
+    _add_storage_host(inventory, "stor-03", {**STOR_03, "kvagent_draining": True})
+    draining = _render_fleet(tmp_path / "draining", inventory)
+    assert {h for h in draining if draining[h] != joined[h]} == {*STORAGE, "stor-03"}
+    for storage in (*STORAGE, "stor-03"):
+        old, new = yaml.safe_load(joined[storage]), yaml.safe_load(draining[storage])
+        assert [p for p in new["target"]["peers"] if p.get("draining")] == [
+            {**p, "draining": True} for p in old["target"]["peers"]
+            if p["name"].startswith("stor-03-")], storage
+        for config in (old, new):
+            for peer in config["target"]["peers"]:
+                peer.pop("draining", None)
+        assert new == old, storage
+
+
 def test_mesh_mode_seed_exporting_the_pool_to_others_is_still_the_seed(tmp_path: Path) -> None:
     """gpu-03 is admitted to llama70b on stor-02 alone: its seed is still stor-01, which
     exports llama70b to other hosts (its discovery port refers gpu-03 on to stor-02).

@@ -176,7 +176,7 @@ def _communicate(proc: subprocess.Popen[str], args: tuple[str, ...], input: str 
                 raise progress.Stopping() from None
             raise CommandTimeout(args, timeout, stuck=True) from None
         if stopping:
-            log.warning("command killed: the agent is stopping", argv=shown(args))
+            log.info("command killed: the agent is stopping", argv=shown(args))
             raise progress.Stopping()
         log.warning("command timed out", argv=shown(args), timeout=timeout)
         raise CommandTimeout(args, timeout) from None

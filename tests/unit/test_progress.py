@@ -149,6 +149,24 @@ def test_stop_kills_the_command_in_flight(tracker: Tracker) -> None:
         SubprocessRunner()(["true"])  # no new command once stopping
 
 
+def test_a_command_killed_because_the_agent_stops_is_no_warning(
+        tracker: Tracker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kill is what a stop asks for (a collect's ``nvme smart-log`` in flight when
+    systemd restarts the agent): logged at info; a pass cut short says so itself."""
+    levels: list[tuple[str, str]] = []
+
+    class Log:
+        def __getattr__(self, level: str):  # type: ignore[no-untyped-def]
+            return lambda event, **kw: levels.append((level, event))
+
+    monkeypatch.setattr(run, "log", Log())
+    threading.Timer(0.3, progress.request_stop).start()
+    with pytest.raises(Stopping):
+        SubprocessRunner()(["sleep", "30"], timeout=60)
+    assert ("info", "command killed: the agent is stopping") in levels
+    assert not [e for level, e in levels if level in ("warning", "error")], levels
+
+
 def test_stop_leaves_a_command_stuck_after_the_kill_behind(
         tracker: Tracker, monkeypatch: pytest.MonkeyPatch) -> None:
     """A command that does not go when killed (uninterruptible I/O) delays a stop only by

@@ -106,7 +106,7 @@ initiator:
       targets: [{targets}]
       mount: {MNT}
       engines: [{{kind: lmcache, capacity: 80%}}]
-health: {{listen: "127.0.0.1:9808", interval: 5s}}
+health: {{listen: "127.0.0.1:9808", interval: 5s, full_interval: 60s}}
 """
 
 
@@ -742,8 +742,10 @@ def test_the_gpu_machine_powered_off_has_its_pool_back_before_its_engine(
 
 # ------------------------------------------------------------- growing the fleet
 
-#: Joins (and leaves) of the joiner measured: the goal is a p95 over 10.
-JOINS = 10
+#: Joins (and leaves) of the joiner measured: the goal is a p95 over 10 (long); two in
+#: every run. A leave is noticed by a GPU machine's next full pass (``full_interval``
+#: below): no discovery AEN was seen on the GPU machines when a referral went away.
+JOINS = 10 if os.environ.get("KVAGENT_LONG") == "1" else 2
 #: Run on a GPU machine: until the joiner's namespace is (``in``) or is not (``out``)
 #: both mounted and in the LMCache config kvagent rendered; prints when each first held,
 #: on the machine's clock.
@@ -906,7 +908,7 @@ def test_a_storage_machine_joins_the_mesh_and_leaves_it(fleet: Fleet) -> None:
     first, rest = joins[0], joins[1:]
     print(f"KVAGENT-CI-LOG: faults: {JOINS} joins: from the storage machines' reloads to "
           f"handed off on both GPU machines p95 {p95(joins):.1f}s (first, with mkfs, "
-          f"{first:.1f}s; the others {min(rest):.1f}-{max(rest):.1f}s); a bare connect + "
+          f"{first:.1f}s; the others {', '.join(f'{j:.1f}s' for j in rest)}); a bare connect + "
           f"mkfs + mount {bare:.1f}s (ratio p95/bare {p95(joins) / bare:.2f}); leaves "
           f"p95 {p95(leaves):.1f}s")
     for g in GPUS:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import load_config
+from agent.config import Config, load_config
 from agent.fabrics import FabricsAddress
 from agent.initiator.discovery_controllers import (
     KEEP_ALIVE,
@@ -261,17 +261,22 @@ def referred(*traddrs: str) -> dict[str, PoolAttachment]:
         FabricsAddress("tcp", t, "4420") for t in traddrs])}
 
 
-def test_the_ports_a_pool_was_referred_to_are_wanted_with_its_host_side(
-        tmp_path: Path) -> None:
+def one_pool(tmp_path: Path, more: str) -> Config:
+    """A GPU host with pool p0 seeded at 10.0.0.1 (``more``: the pool's further keys)."""
     (tmp_path / "k.yaml").write_text(f"""
 version: 1
 node: {{name: gpu1}}
 initiator:
   pools:
     - {{name: p0, target: {{transport: tcp, address: 10.0.0.1}}, mount: {tmp_path}/p0,
-       connect: {{host_iface: eth1}}}}
+       {more}}}
 """)
-    wants = wanted(load_config(tmp_path / "k.yaml"), HOSTNQN, None,
+    return load_config(tmp_path / "k.yaml")
+
+
+def test_the_ports_a_pool_was_referred_to_are_wanted_with_its_host_side(
+        tmp_path: Path) -> None:
+    wants = wanted(one_pool(tmp_path, "connect: {host_iface: eth1}"), HOSTNQN, None,
                    referred("10.0.0.2", "10.0.0.1"))  # (the seed again: once)
     assert [(w.address.traddr, w.address.host_iface) for w in wants] == [
         ("10.0.0.1", "eth1"), ("10.0.0.2", "eth1")]
@@ -282,16 +287,8 @@ def test_referred_ports_of_a_pool_ignoring_referrals_or_over_tls_are_not_wanted(
         tmp_path: Path, pool: str) -> None:
     (tmp_path / "psk").write_text(generate_psk().text + "\n")
     (tmp_path / "psk").chmod(0o600)
-    pool = pool.replace("PSK", str(tmp_path / "psk"))
-    (tmp_path / "k.yaml").write_text(f"""
-version: 1
-node: {{name: gpu1}}
-initiator:
-  pools:
-    - {{name: p0, target: {{transport: tcp, address: 10.0.0.1}}, mount: {tmp_path}/p0,
-       {pool}}}
-""")
-    wants = wanted(load_config(tmp_path / "k.yaml"), HOSTNQN, None, referred("10.0.0.2"))
+    cfg = one_pool(tmp_path, pool.replace("PSK", str(tmp_path / "psk")))
+    wants = wanted(cfg, HOSTNQN, None, referred("10.0.0.2"))
     assert "10.0.0.2" not in [w.address.traddr for w in wants]
 
 

@@ -18,6 +18,9 @@ sb, sc; its own state and ports: 127.0.0.1:4420, :4421, :4422), each exporting p
 - Each subsystem has exactly one controller of this host (nothing duplicated).
 - sb cut off (its port's packets dropped), then a full pass: nothing is unmounted or
   disconnected.
+- sc drains: its peers mark it ``draining`` and stop referring to it; their
+  referrals' removal sends AENs too, and the GPU agent lets sc's namespace go (unmounted,
+  disconnected) without a full pass, keeping the others.
 """
 
 from __future__ import annotations
@@ -45,10 +48,12 @@ BARE_HOSTNQN = "nqn.2014-08.org.example:bare-baseline"
 BARE_NQN = "nqn.2026-11.io.example:bare"
 
 
-def storage_config(lab: Lab, node: str, peers: list[str]) -> Path:
+def storage_config(lab: Lab, node: str, peers: list[str],
+                   draining: tuple[str, ...] = ()) -> Path:
     pid, service = STORAGE[node]
     peer_list = ", ".join(
-        f"{{name: {p}, transport: tcp, address: 127.0.0.1, service: {STORAGE[p][1]}}}"
+        f"{{name: {p}, transport: tcp, address: 127.0.0.1, service: {STORAGE[p][1]}"
+        f"{', draining: true' if p in draining else ''}}}"
         for p in peers)
     path = lab.root / f"{node}.yaml"
     path.write_text(f"""
@@ -230,13 +235,29 @@ health: {{listen: "127.0.0.1:{port}", interval: 10m, full_interval: 10m}}
         assert all(mounted_at(mount_of(lab, n)) for n in everyone)
         assert data_controllers(lab.hostnqn).keys() == ctrls.keys()
         cut(0, False)
+
+        # sc drains: its peers stop referring to it. Their referrals' removal makes
+        # nvmet send discovery-log-change AENs; the GPU agent's attach pass finds sc no
+        # longer referred and lets its mount go (full passes are 10 minutes apart).
+        started = time.monotonic()
+        apply(storage_config(lab, "sa", everyone, draining=("sc",)))
+        apply(storage_config(lab, "sb", everyone, draining=("sc",)))
+        assert referrals(51) == {"kvagent-sb": ("4421", "1")}
+        kit.wait_for(lambda: not mounted_at(mount_of(lab, "sc")), 120, interval=0.05,
+                     what="sc's namespace let go after its peers stopped referring to it")
+        leave = time.monotonic() - started
+        kit.wait_for(lambda: all(nqn != f"{PREFIX}:sc:kv:lab"
+                                 for nqn, _ in data_controllers(lab.hostnqn)), 60,
+                     interval=0.1, what="sc's subsystem disconnected")
+        assert all(mounted_at(mount_of(lab, n)) for n in ("sa", "sb"))
         assert proc.poll() is None
 
     bare = bare_attach(lab)
     ci_log(f"referrals: sc joined, mounted on the GPU host {join:.1f}s after its peers' "
            f"applies began (the applies {applied:.1f}s of it); a bare connect + mkfs + "
            f"mount of the same size {bare:.1f}s (ratio {join / bare:.2f}); sb mounted "
-           f"{late:.1f}s after it came up (the agent retrying the referred port)")
+           f"{late:.1f}s after it came up (the agent retrying the referred port); sc drained, "
+           f"its mount let go {leave:.1f}s after its peers' applies began")
     # Teardown: the GPU side first, then each storage host unexports.
     umount_all_under(lab.root / "mnt")
     kit.sh("nvme", "disconnect-all", check=False)

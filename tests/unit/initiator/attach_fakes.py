@@ -30,6 +30,7 @@ import pytest
 
 from agent import failpoints
 from agent.config import Config, parse_config
+from agent.fabrics import DISCOVERY_NQN
 from agent.initiator.filesystem import XfsSuperblock
 from agent.initiator.nvme.cli import NvmeCli
 from agent.initiator.nvme.kmsg import NoKernelLog
@@ -115,6 +116,7 @@ class FakeHost:
         r.on_call(["nvme", "discover"], self._discover)
         r.on_call(["nvme", "connect"], self._connect)
         r.on_call(["nvme", "list-ns"], self._list_ns)
+        r.on_call(["nvme", "get-log"], self._get_log)
         r.on_call(["nvme", "disconnect"], self._disconnect)
         r.on_call(["blkid"], self._blkid)
         r.on_call(["mkfs.xfs"], self._mkfs)
@@ -366,6 +368,15 @@ node:
         lines = [f"[{i:4}]:{nsid:#x}" for i, nsid in
                  enumerate(self._export(ctrl.subsysnqn).nsids)]
         return self.ok(argv, "\n".join(lines) + "\n")
+
+    def _get_log(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
+        """The discovery log's header read through a discovery controller (the agent's
+        AEN acknowledgement): only on a live one."""
+        name = os.path.basename(argv[2])
+        ctrl = self.sysfs.controller(name)
+        assert ctrl is not None and ctrl.state == "live", f"get-log on {name} not live"
+        assert ctrl.subsysnqn == DISCOVERY_NQN, f"get-log on {name}, not a discovery controller"
+        return self.ok(argv, "Device:nvme log-id:112 namespace-id:0xffffffff\n")
 
     def _disconnect(self, argv: tuple[str, ...], _: str | None) -> CommandResult:
         name = self.opt(argv, "--device")

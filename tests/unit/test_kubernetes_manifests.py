@@ -189,6 +189,8 @@ def daemonset_problems(docs: list[Any], name: str, ds: dict[str, Any],
         out.append("must tolerate every taint (operator: Exists): the label picks the nodes")
     if spec.get("automountServiceAccountToken") is not False:
         out.append("automountServiceAccountToken must be false")
+    if "fsGroup" in (spec.get("securityContext") or {}):
+        out.append("no fsGroup: it would give the config and the keys another group")
     if spec.get("restartPolicy", "Always") != "Always":
         out.append("restartPolicy must be Always")
     grace = spec.get("terminationGracePeriodSeconds", 30)
@@ -442,6 +444,8 @@ def _mount(ds: dict[str, Any], path: str) -> dict[str, Any]:
     ("kvagent-gpu", lambda ds: km.container(ds)["securityContext"].update(privileged=False),
      "must be privileged"),
     ("kvagent-storage", lambda ds: km.pod_spec(ds).update(hostPID=False), "hostPID must be true"),
+    ("kvagent-gpu", lambda ds: km.pod_spec(ds).update(securityContext={"fsGroup": 1000}),
+     "no fsGroup"),
     ("kvagent-gpu", lambda ds: km.pod_spec(ds).update(hostIPC=False), "hostIPC must be true"),
     ("kvagent-gpu", lambda ds: km.pod_spec(ds).update(hostNetwork=False),
      "hostNetwork must be true"),

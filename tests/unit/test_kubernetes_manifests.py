@@ -565,3 +565,12 @@ def test_the_gpu_secret_has_a_key_for_each_gpu_node(docs, stand_ins: Path) -> No
     storage = km.secret_keys(docs, "kvagent-storage-keys")
     assert keys == sorted(f"{node}.dhchap.key" for node in gpu)
     assert storage == sorted(f"{node}.key" for node in gpu)
+
+
+def test_the_reader_expands_variables_as_the_kubelet_does() -> None:
+    env = {"NODE_NAME": "gpu-01"}
+    assert km.expand("$(NODE_NAME).dhchap.key", env) == "gpu-01.dhchap.key"
+    assert km.expand("$(UNSET).yaml", env) == "$(UNSET).yaml"  # left as written
+    assert km.expand("$$(NODE_NAME)", env) == "$(NODE_NAME)"  # $$ escapes
+    assert km.sub_path({"subPathExpr": "$(NODE_NAME).yaml"}, env) == "gpu-01.yaml"
+    assert km.sub_path({"subPath": "x"}, env) == "x"

@@ -106,7 +106,7 @@ initiator:
       targets: [{targets}]
       mount: {MNT}
       engines: [{{kind: lmcache, capacity: 80%}}]
-health: {{listen: "127.0.0.1:9808", interval: 5s, full_interval: 60s}}
+health: {{listen: "127.0.0.1:9808", interval: 5s}}
 """
 
 
@@ -743,8 +743,8 @@ def test_the_gpu_machine_powered_off_has_its_pool_back_before_its_engine(
 # ------------------------------------------------------------- growing the fleet
 
 #: Joins (and leaves) of the joiner measured: the goal is a p95 over 10 (long); two in
-#: every run. A leave is noticed by a GPU machine's next full pass (``full_interval``
-#: below): no discovery AEN was seen on the GPU machines when a referral went away.
+#: every run. Both come to the GPU machines as discovery-log-change AENs (a referral
+#: added or removed); their full passes are 5 minutes apart (the default).
 JOINS = 10 if os.environ.get("KVAGENT_LONG") == "1" else 2
 #: Run on a GPU machine: until the joiner's namespace is (``in``) or is not (``out``)
 #: both mounted and in the LMCache config kvagent rendered; prints when each first held,

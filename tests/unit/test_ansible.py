@@ -139,7 +139,7 @@ def _render(tmp: Path, hosts: str, overlay: dict, inventory: Path = EXAMPLE,
     play.write_text(RENDER_PLAY.format(hosts=hosts, venv=Path(sys.prefix), out=out))
     # host_vars files of a later inventory source override the example's host_vars files
     extra = tmp / "overlay"
-    (extra / "host_vars").mkdir(parents=True)
+    (extra / "host_vars").mkdir(parents=True, exist_ok=True)
     (extra / "hosts.yml").write_text(yaml.safe_dump({"all": {
         "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
         "hosts": dict.fromkeys(overlay),
@@ -327,13 +327,19 @@ def _admit(inventory: Path, storage: str, pool: str, gpu: str) -> None:
     path.write_text(yaml.safe_dump(host_vars, sort_keys=False))
 
 
-def _render_fleet(tmp: Path, inventory: Path) -> dict[str, bytes]:
-    """Every host of ``inventory`` rendered: its kvagent.yaml's bytes per host."""
-    tmp.mkdir()
+def _render_fleet(tmp: Path, inventory: Path,
+                  changed: dict[str, int] | None = None) -> dict[str, bytes]:
+    """Every host of ``inventory`` rendered: its kvagent.yaml's bytes per host. Into
+    ``tmp``'s files as they are (a second run over a first one's): ``changed`` gets the
+    play recap's changed count per host."""
+    tmp.mkdir(exist_ok=True)
     result, out = _render(tmp, "kv_storage:kv_gpu",
                           {gpu: {"kvagent_hostnqn": nqn} for gpu, nqn in MESH_NQNS.items()},
                           inventory=inventory)
     assert result.returncode == 0, result.stdout + result.stderr
+    if changed is not None:
+        changed.update((m[1], int(m[2])) for m in re.finditer(
+            r"^(\S+)\s+:\s+ok=\d+\s+changed=(\d+)", result.stdout, re.MULTILINE))
     rendered = {p.parent.name: p.read_bytes() for p in out.glob("*/kvagent.yaml")}
     for host in rendered:
         check = _validate(out / host / "kvagent.yaml")
@@ -390,14 +396,18 @@ def test_mesh_mode_renders_peers_on_storage_hosts_and_seed_targets_on_gpu_hosts(
 def test_mesh_mode_adding_a_storage_host_changes_no_gpu_hosts_config(tmp_path: Path) -> None:
     """stor-03 joins, exporting llama70b to gpu-01 and gpu-02: the storage hosts' peers
     grow by its ports, stor-03 gets the same peers, and no GPU host's config changes by a
-    byte (they reach stor-03 through the seeds' referrals)."""
+    byte (they reach stor-03 through the seeds' referrals): the role's run after the
+    change, over the first run's files, changes nothing on a GPU host."""
     inventory = _fleet(tmp_path, ["stor-01"])
-    before = _render_fleet(tmp_path / "before", inventory)
+    before = _render_fleet(tmp_path / "role", inventory)
     _add_storage_host(inventory, "stor-03", STOR_03)
-    after = _render_fleet(tmp_path / "after", inventory)
+    changed: dict[str, int] = {}
+    after = _render_fleet(tmp_path / "role", inventory, changed)
     assert sorted(after) == sorted([*before, "stor-03"])
     for gpu in GPUS:
         assert after[gpu] == before[gpu], gpu
+    assert {h: changed[h] for h in GPUS} == dict.fromkeys(GPUS, 0), changed
+    assert all(changed[h] > 0 for h in (*STORAGE, "stor-03")), changed
     stor = [(h, _load(EXAMPLE / "host_vars" / f"{h}.yml")) for h in STORAGE]
     grown = _peers(*stor, ("stor-03", STOR_03))
     assert grown[-2:] == [

@@ -16,7 +16,7 @@ mount is refused with an :class:`Unmappable` error naming the field, never dropp
   pod the host's UTS namespace too); otherwise ``--network=none --hostname=<pod>`` (a
   pod network exists only in a cluster: noted). ``hostPID`` -> ``--pid=host``,
   ``hostIPC`` -> ``--ipc=host``. Every container of the pod gets them (a pod's
-  containers share its namespaces).
+  containers share its pod_flags).
 - ``terminationGracePeriodSeconds`` (default 30) -> ``--stop-timeout``, and the grace of
   the ``podman stop`` that deleting the pod amounts to.
 - ``restartPolicy`` (default Always) -> ``--restart`` of the containers; init containers
@@ -53,10 +53,14 @@ mount is refused with an :class:`Unmappable` error naming the field, never dropp
     ``sizeLimit`` for ``medium: Memory``. Not podman's ``--tmpfs``: an emptyDir is shared
     by the pod's containers (the keys init container fills the one the agent reads).
 
+- ``priorityClassName: system-node-critical`` -> ``--oom-score-adj=-997``, the OOM
+  score the kubelet gives a node-critical pod's containers (another pod's depends on
+  the node's memory: noted).
 - What only the scheduler or the API server uses (``nodeSelector``, ``tolerations``,
-  ``priorityClassName``, ``serviceAccountName`` with ``automountServiceAccountToken:
-  false``, labels' selection) has no run-time effect; ``dnsPolicy`` and the kubelet's
-  ``KUBERNETES_SERVICE_*`` variables need a cluster: noted.
+  ``serviceAccountName`` with ``automountServiceAccountToken: false``, labels'
+  selection) has no run-time effect; ``dnsPolicy``, the kubelet's
+  ``KUBERNETES_SERVICE_*`` variables and its ``/dev/termination-log`` need a cluster:
+  noted.
 
 Standard library and :mod:`kube_manifest` only; nothing here runs a command (the
 caller runs the plan: ``scripts/kube-podman ... --format sh | sh``).
@@ -148,7 +152,6 @@ POD_NOT_AT_RUN_TIME = {
     "nodeSelector": "scheduling (the caller names the node)",
     "tolerations": "scheduling",
     "affinity": "scheduling",
-    "priorityClassName": "scheduling and eviction order",
     "priority": "scheduling and eviction order",
     "schedulerName": "scheduling",
     "serviceAccountName": "the pod's identity for the API server (no token mounted)",
@@ -157,7 +160,10 @@ POD_NOT_AT_RUN_TIME = {
 }
 POD_MAPPED = {"hostNetwork", "hostPID", "hostIPC", "terminationGracePeriodSeconds",
               "restartPolicy", "initContainers", "containers", "volumes",
-              "automountServiceAccountToken", "dnsPolicy"}
+              "automountServiceAccountToken", "dnsPolicy", "priorityClassName"}
+#: The kubelet's OOM score of a node-critical pod's containers (its
+#: guaranteedOOMScoreAdj, for priorityClassName system-node-critical).
+NODE_CRITICAL_OOM_SCORE_ADJ = -997
 CONTAINER_FIELDS = {"name", "image", "imagePullPolicy", "command", "args", "env",
                     "securityContext", "resources", "readinessProbe", "volumeMounts",
                     "workingDir"}
@@ -361,24 +367,34 @@ def pod_plan(spec: Mapping[str, Any], *, pod: str, node: str,
         raise Unmappable(f"{where}.restartPolicy: {restart!r}")
     grace = int(spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE))
 
-    namespaces: list[str] = []
+    pod_flags: list[str] = []
     if spec.get("hostNetwork", False):
-        namespaces += ["--network=host", "--uts=host"]
+        pod_flags += ["--network=host", "--uts=host"]
         if "dnsPolicy" in spec:
             notes.append(f"{where}.dnsPolicy: {spec['dnsPolicy']}: cluster DNS exists only "
                          f"in a cluster; the host's resolv.conf is used (host network)")
     else:
-        namespaces += ["--network=none", f"--hostname={pod}"]
+        pod_flags += ["--network=none", f"--hostname={pod}"]
         notes.append(f"{where}.hostNetwork: false: a pod network exists only in a "
                      f"cluster; --network=none (a loopback only)")
         if "dnsPolicy" in spec:
             notes.append(f"{where}.dnsPolicy: {spec['dnsPolicy']}: no network, no DNS")
     if spec.get("hostPID", False):
-        namespaces.append("--pid=host")
+        pod_flags.append("--pid=host")
     if spec.get("hostIPC", False):
-        namespaces.append("--ipc=host")
+        pod_flags.append("--ipc=host")
     notes.append("KUBERNETES_SERVICE_HOST, KUBERNETES_PORT, ...: the kubelet's variables "
                  "for the API server's Service; no cluster, none here")
+    notes.append("/dev/termination-log: the file the kubelet mounts for a container's last "
+                 "words (terminationMessagePath); not mounted here")
+    # The kubelet's OOM score: a node-critical pod's containers get the guaranteed one;
+    # another pod's depends on its QoS class and the node's memory.
+    if spec.get("priorityClassName") == "system-node-critical":
+        pod_flags.append(f"--oom-score-adj={NODE_CRITICAL_OOM_SCORE_ADJ}")
+    else:
+        notes.append(f"{where}.priorityClassName: {spec.get('priorityClassName')}: the "
+                     f"kubelet's OOM score of a pod that is not node-critical depends on "
+                     f"the node's memory; podman's default here")
 
     volumes = _Volumes(f"{work_dir}/{pod}", dict(sources or {}))
     names = set()
@@ -392,7 +408,7 @@ def pod_plan(spec: Mapping[str, Any], *, pod: str, node: str,
     for init, key in ((True, "initContainers"), (False, "containers")):
         for i, c in enumerate(spec.get(key) or []):
             runs.append(_container_run(c, pod=pod, node=node, init=init, labels=labels or {},
-                                       namespaces=namespaces, volumes=volumes, grace=grace,
+                                       pod_flags=pod_flags, volumes=volumes, grace=grace,
                                        restart=RESTART[restart], image=image, notes=notes,
                                        where=f"{where}.{key}[{i}]"))
     if not any(not r.init for r in runs):
@@ -404,7 +420,7 @@ def pod_plan(spec: Mapping[str, Any], *, pod: str, node: str,
 
 
 def _container_run(c: Mapping[str, Any], *, pod: str, node: str, init: bool,
-                   labels: Mapping[str, str], namespaces: Sequence[str], volumes: _Volumes,
+                   labels: Mapping[str, str], pod_flags: Sequence[str], volumes: _Volumes,
                    grace: int, restart: str, image: str | None, notes: list[str],
                    where: str) -> Run:
     _unknown(c, CONTAINER_FIELDS, where)
@@ -418,7 +434,7 @@ def _container_run(c: Mapping[str, Any], *, pod: str, node: str, init: bool,
 
     argv = ["podman", "run", f"--name={name}"]
     argv += ["--rm"] if init else ["--detach", f"--restart={restart}"]
-    argv += [f"--stop-timeout={grace}", *namespaces]
+    argv += [f"--stop-timeout={grace}", *pod_flags]
     for k, v in sorted(labels.items()):
         argv.append(f"--label={k}={v}")
     argv += [f"--label=io.kubernetes.pod.name={pod}",
@@ -547,7 +563,7 @@ def engine_pod(gpu_daemonset: Mapping[str, Any], *, image: str, command: Sequenc
     Bidirectional host path, or ``pools``) with HostToContainer propagation, read-write,
     and the directory of kvagent's rendered engine configs (``render``; default
     <state_dir>/engines, the state_dir's host path of the DaemonSet) read-only; each at
-    the same path inside. Unprivileged, no host namespaces."""
+    the same path inside. Unprivileged, no host pod_flags."""
     mounts = km.host_mounts(gpu_daemonset)
     if pools is None:
         shared = [m for m in mounts if m.propagation == "Bidirectional"]

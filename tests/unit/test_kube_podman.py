@@ -171,6 +171,9 @@ def test_privileges_namespaces_grace_and_command_match_the_manifest(
         assert ("--uts=host" in flags) == bool(pod.get("hostNetwork"))
         assert ("--pid=host" in flags) == bool(pod.get("hostPID"))
         assert ("--ipc=host" in flags) == bool(pod.get("hostIPC"))
+        # The kubelet's OOM score of a node-critical pod's containers.
+        assert pod["priorityClassName"] == "system-node-critical"
+        assert "--oom-score-adj=-997" in flags
         privileged = bool((c.get("securityContext") or {}).get("privileged"))
         assert ("--privileged" in flags) == privileged
         assert f"--stop-timeout={pod['terminationGracePeriodSeconds']}" in flags
@@ -451,6 +454,7 @@ def test_the_engine_pod_mounts_the_pools_host_to_container_and_the_render_read_o
     flags = _flags(run.argv)
     assert "--privileged" not in flags and "--network=none" in flags
     assert not {"--pid=host", "--ipc=host", "--network=host"} & set(flags)
+    assert not [f for f in flags if f.startswith("--oom-score-adj")]
     assert ["test", "-d", "/var/lib/kvcache"] in plan.prepare
     assert run.name == "engine"
     assert _image_and_args(run.argv) == ["localhost/kvagent:x"]

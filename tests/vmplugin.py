@@ -54,6 +54,10 @@ PARALLEL = max(1, int(os.environ.get("KVAGENT_VM_PARALLEL", "2")))
 #: for the other's acknowledgement while that one waits for a core), which on a 2-core
 #: machine running two VMs is time taken from the other VM.
 GUEST_CPUS = max(1, int(os.environ.get("KVAGENT_VM_CPUS", "1")))
+#: The host's variables a guest's tests read: the long runs' extent (the kill matrices
+#: kill after every step, not a sample: tests/kernel/test_crash.py) and the sample's
+#: offset, to replay a run's.
+GUEST_ENV = ("KVAGENT_LONG", "KVAGENT_CRASH_OFFSET")
 #: Seconds one guest test may run before its threads' stacks are dumped.
 FAULTHANDLER_TIMEOUT = int(os.environ.get("KVAGENT_VM_FAULTHANDLER", "900"))
 
@@ -244,7 +248,9 @@ class KernelTier:
             else sys.executable
         # A test that hangs dumps every thread's stack to the console log (once; it
         # goes on running until the group's timeout).
-        inner = [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA",
+        # (the guest's environment is its own: what selects a test's extent goes in)
+        passed = [f"{k}={os.environ[k]}" for k in GUEST_ENV if k in os.environ]
+        inner = ["env", *passed, python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA",
                  "-o", f"faulthandler_timeout={FAULTHANDLER_TIMEOUT}",
                  "--kv-guest-report", str(report), *[i.nodeid for i in items]]
         kernel = kernel_of(items)

@@ -142,6 +142,34 @@ def root_below(fleet: Fleet, name: str, mount_point: str) -> tuple[list[str], st
     return found.split(), flags, refused.strip()
 
 
+def nvmet_tree(fleet: Fleet, storage: str) -> str:
+    """A storage machine's nvmet configfs tree: every directory, link target and value."""
+    return fleet.sh(storage, r"""cd /sys/kernel/config/nvmet && find . | sort | while read -r p; do
+  if [ -L "$p" ]; then echo "$p -> $(readlink "$p")"
+  elif [ -f "$p" ]; then echo "$p = $(cat "$p" 2>&1 | tr '\n' ' ')"
+  else echo "$p/"; fi
+done""").stdout
+
+
+def metric(text: str, name: str) -> float | None:
+    """The value of metric ``name`` (its first series) in a /metrics page, or None."""
+    m = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def build_image() -> tuple[str, Path, float]:
+    """kvagent's container image (scripts/build-image: built only when out of date):
+    (its reference, its OCI archive, the seconds it took)."""
+    started = time.monotonic()
+    done = subprocess.run([str(REPO / "scripts/build-image")], cwd=REPO,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=3600, check=False)
+    assert done.returncode == 0, f"scripts/build-image: {done.stdout[-4000:]}" \
+        f"{done.stderr[-4000:]}"
+    image, archive = done.stdout.strip().splitlines()[-2:]
+    return image, REPO / archive, time.monotonic() - started
+
+
 def lvm_storage_config(fleet: Fleet, storage: str, gpu: str | list[str], nqn_prefix: str,
                        *, namespaces: int, more: str = "", peers: str = "") -> str:
     """``storage``'s kvagent.yaml: pool kv on LVM on its first drive, ``namespaces`` of

@@ -30,7 +30,15 @@ from pathlib import Path
 
 import pytest
 
-from .fleet import REPO, Fleet, build_newer_deb, lvm_storage_config, root_below
+from .fleet import (
+    REPO,
+    Fleet,
+    build_newer_deb,
+    lvm_storage_config,
+    metric,
+    nvmet_tree,
+    root_below,
+)
 
 #: Weight: its minutes under TCG (four machines; two rounds of agent restarts, one a
 #: package upgrade; two partitions, two power cuts), ranked among the tier's groups. Long
@@ -159,15 +167,6 @@ def clock(fleet: Fleet, name: str) -> float:
     return float(fleet.sh(name, "date +%s.%N").stdout)
 
 
-def nvmet_tree(fleet: Fleet, storage: str) -> str:
-    """A storage machine's nvmet configfs tree: every directory, link target and value."""
-    return fleet.sh(storage, r"""cd /sys/kernel/config/nvmet && find . | sort | while read -r p; do
-  if [ -L "$p" ]; then echo "$p -> $(readlink "$p")"
-  elif [ -f "$p" ]; then echo "$p = $(cat "$p" 2>&1 | tr '\n' ' ')"
-  else echo "$p/"; fi
-done""").stdout
-
-
 def gpu_view(fleet: Fleet, gpu: str) -> str:
     """A GPU machine's pool mounts (mountinfo lines: mount ids, devices) and NVMe
     controllers."""
@@ -180,11 +179,6 @@ done""").stdout
 
 def view(fleet: Fleet, name: str) -> str:
     return gpu_view(fleet, name) if name in GPUS else nvmet_tree(fleet, name)
-
-
-def metric(text: str, name: str) -> float | None:
-    m = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)
-    return float(m.group(1)) if m else None
 
 
 def agent_pid(fleet: Fleet, name: str) -> str:

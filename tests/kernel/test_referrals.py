@@ -19,13 +19,15 @@ sb, sc; its own state and ports: 127.0.0.1:4420, :4421, :4422), each exporting p
 - sb cut off (its port's packets dropped), then a full pass: nothing is unmounted or
   disconnected.
 - sc drains: its peers mark it ``draining`` and stop referring to it; their
-  referrals' removal sends AENs too, and the GPU agent lets sc's namespace go (unmounted,
-  disconnected) without a full pass, keeping the others.
+  referrals' removal sends AENs too, and the GPU agent acts on them without a full pass:
+  an engine still uses sc's mount, so it stays and the pool's problem names the engine;
+  once the engine is gone the next pass unmounts and disconnects it, keeping the others.
 """
 
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -70,6 +72,11 @@ target:
       hosts: [{{name: lab, nqn: "{lab.hostnqn}"}}]
 """)
     return path
+
+
+def status(config: Path) -> str:
+    """``kvagent -o json status``'s answer (the agent's last snapshot)."""
+    return cli(config, "-o", "json", "status")[1]
 
 
 def apply(path: Path) -> None:
@@ -238,13 +245,29 @@ health: {{listen: "127.0.0.1:{port}", interval: 10m, full_interval: 10m}}
 
         # sc drains: its peers stop referring to it. Their referrals' removal makes
         # nvmet send discovery-log-change AENs; the GPU agent's attach pass finds sc no
-        # longer referred and lets its mount go (full passes are 10 minutes apart).
+        # longer referred. An engine (here a process whose working directory is on sc's
+        # mount) still uses it: the mount stays, and the pool's problem names it.
+        engine = subprocess.Popen(["sleep", "600"], cwd=mount_of(lab, "sc"))
+        try:
+            started = time.monotonic()
+            apply(storage_config(lab, "sa", everyone, draining=("sc",)))
+            apply(storage_config(lab, "sb", everyone, draining=("sc",)))
+            assert referrals(51) == {"kvagent-sb": ("4421", "1")}
+            kit.wait_for(lambda: f"sleep (pid {engine.pid}" in status(gpu), 120,
+                         interval=0.1, what="the pool's problem naming the engine still "
+                                            "using sc's mount")
+            noticed = time.monotonic() - started
+            assert "still use it" in status(gpu)
+            assert mounted_at(mount_of(lab, "sc"))
+        finally:
+            engine.kill()
+            engine.wait()
+        # The engine gone, the next pass lets the mount go (the retry a failing pass
+        # schedules comes after health.interval: here a full pass now).
         started = time.monotonic()
-        apply(storage_config(lab, "sa", everyone, draining=("sc",)))
-        apply(storage_config(lab, "sb", everyone, draining=("sc",)))
-        assert referrals(51) == {"kvagent-sb": ("4421", "1")}
-        kit.wait_for(lambda: not mounted_at(mount_of(lab, "sc")), 120, interval=0.05,
-                     what="sc's namespace let go after its peers stopped referring to it")
+        proc.send_signal(signal.SIGHUP)
+        kit.wait_for(lambda: not mounted_at(mount_of(lab, "sc")), 240, interval=0.05,
+                     what="sc's namespace let go once nothing used it")
         leave = time.monotonic() - started
         kit.wait_for(lambda: all(nqn != f"{PREFIX}:sc:kv:lab"
                                  for nqn, _ in data_controllers(lab.hostnqn)), 60,
@@ -256,8 +279,9 @@ health: {{listen: "127.0.0.1:{port}", interval: 10m, full_interval: 10m}}
     ci_log(f"referrals: sc joined, mounted on the GPU host {join:.1f}s after its peers' "
            f"applies began (the applies {applied:.1f}s of it); a bare connect + mkfs + "
            f"mount of the same size {bare:.1f}s (ratio {join / bare:.2f}); sb mounted "
-           f"{late:.1f}s after it came up (the agent retrying the referred port); sc drained, "
-           f"its mount let go {leave:.1f}s after its peers' applies began")
+           f"{late:.1f}s after it came up (the agent retrying the referred port); sc drained: "
+           f"the engine still using it named {noticed:.1f}s after its peers' applies "
+           f"began, the mount let go {leave:.1f}s after the engine stopped (a full pass)")
     # Teardown: the GPU side first, then each storage host unexports.
     umount_all_under(lab.root / "mnt")
     kit.sh("nvme", "disconnect-all", check=False)

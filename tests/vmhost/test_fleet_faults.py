@@ -754,8 +754,13 @@ while len(seen) < 2 and time.time() < deadline:
         mounted = any(line.split()[4] == mount for line in f)
     rendered = False
     for name in (os.listdir(renders) if os.path.isdir(renders) else []):
-        with open(os.path.join(renders, name)) as f:
-            rendered = rendered or mount in f.read()
+        if name.startswith("."):
+            continue  # (kvagent's temporary file of a render, renamed over the config)
+        try:
+            with open(os.path.join(renders, name)) as f:
+                rendered = rendered or mount in f.read()
+        except FileNotFoundError:
+            continue
     for what, now in (("mounted", mounted), ("rendered", rendered)):
         if now == want and what not in seen:
             seen[what] = time.time()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ...fabrics import DISCOVERY_NQN, FabricsAddress
 from ...log import get_logger
 from ...system.run import CommandTimeout, Runner
-from .failures import run_fabrics
+from .failures import TransientConnectError, run_fabrics, timeout_hint
 from .kmsg import KernelLogReader
 from .options import check_fabrics_values, host_args
 from .output import NVME, extract_json, get, int_of, list_of, text_of
@@ -121,15 +121,15 @@ def acknowledge(run: Runner, device: str, timeout: float) -> None:
     on the real kernel: a referral removed after that sent no AEN, and a storage host
     that drained was noticed only by the next full pass). Done before the read, so a
     change between the two still sends its AEN. A failure is only logged: the read
-    that follows says what is wrong with the controller."""
+    that follows says what is wrong with the controller; a time-out fails the read as
+    its own would (a controller that does not answer is not asked twice)."""
     argv = [NVME, "get-log", f"/dev/{device}", f"--log-id={DISCOVERY_LOG_ID}",
             f"--log-len={ACK_LENGTH}"]
     try:
         result = run(argv, timeout=timeout, check=False)
     except CommandTimeout as exc:
-        log.info("discovery AEN not acknowledged", device=device,
-                 error=f"nvme get-log timed out after {exc.timeout:g}s")
-        return
+        raise TransientConnectError(f"nvme get-log timed out after {exc.timeout:g}s",
+                                    timeout_hint()) from None
     if result.returncode != 0:
         log.info("discovery AEN not acknowledged", device=device,
                  error=(result.stderr or result.stdout).strip()[-200:])

@@ -21,6 +21,7 @@ from agent.initiator.sysfs import Sysfs
 from agent.naming import filesystem_uuid
 from agent.records import InitiatorRecords, PoolAttachment, SubsystemPath
 from agent.result import RunResult
+from agent.system.run import CommandResult, CommandTimeout
 from nvmet.ids import namespace_uuid
 
 from .attach_fakes import HOST, PREFIX, Export, FakeHost
@@ -631,10 +632,24 @@ def test_a_read_through_a_discovery_controller_acknowledges_its_aens_first(
     assert nvme[:2] == [("nvme", "get-log", "/dev/nvme8"), ("nvme", "discover", "--transport")]
     [ack] = host.runner.ran("nvme", "get-log")
     assert "--log-id=0x70" in ack and not any(a.startswith("--rae") for a in ack)
-    host.runner.on(["nvme", "get-log"], returncode=1, stderr="get-log: Input/output error")
+    # (a longer prefix than the fake host's own answer, so it is this one that answers)
+    host.runner.on(["nvme", "get-log", "/dev/nvme8"], returncode=1,
+                   stderr="get-log: Input/output error")
     host.runner.calls.clear()
     assert run(host, pool_yaml(host)).ok
     assert len(discovers(host)) == 1
+    # A controller that does not answer the acknowledgement is not read as well: the
+    # port fails as a timed-out read does (its only port: the pool fails), and what is
+    # attached there stays.
+    def hangs(argv: tuple[str, ...], _: str | None) -> CommandResult:
+        raise CommandTimeout(argv, 45)
+    host.runner.on_call(["nvme", "get-log", "/dev/nvme8", "--log-id=0x70"], hangs)
+    host.runner.calls.clear()
+    result = run(host, pool_yaml(host))
+    assert not result.ok and "nvme get-log timed out after 45s" in str(result.errors)
+    assert host.runner.ran("nvme", "get-log") and not discovers(host)
+    assert not host.runner.ran("umount")
+    assert not host.runner.ran("nvme", "disconnect")
 
 
 def test_a_namespace_added_is_probed_alone(host: FakeHost) -> None:

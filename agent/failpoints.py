@@ -86,10 +86,11 @@ READ_ONLY_PROGRAMS = frozenset({
     "blkid", "lvs", "vgs", "pvs", "lsblk", "findmnt", "smartctl", "udevadm", "modinfo",
     "uname", "fuser", "xfs_info", "fio", "cat", "true", "sh",
 })
-#: nvme-cli subcommands that only read.
+#: nvme-cli subcommands that only read (``get-log``: the discovery log's header, read to
+#: acknowledge its AEN: agent/initiator/nvme/discovery.py).
 READ_ONLY_NVME = frozenset({
     "list", "list-subsys", "list-ns", "discover", "id-ctrl", "id-ns", "smart-log",
-    "version", "show-hostnqn", "gen-hostnqn", "ns-descs", "error-log",
+    "version", "show-hostnqn", "gen-hostnqn", "ns-descs", "error-log", "get-log",
 })
 
 

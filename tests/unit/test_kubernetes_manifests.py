@@ -175,9 +175,10 @@ def daemonset_problems(docs: list[Any], name: str, ds: dict[str, Any],
     labels = ds["spec"]["template"]["metadata"]["labels"]
     if any(labels.get(k) != v for k, v in ds["spec"]["selector"]["matchLabels"].items()):
         out.append("selector does not match the pod template's labels")
-    if ds["spec"].get("updateStrategy") != {"type": "OnDelete"}:
-        out.append("updateStrategy must be OnDelete (until the zero-impact restart under "
-                   "Kubernetes is proven)")
+    if ds["spec"].get("updateStrategy") != {
+            "type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}:
+        out.append("updateStrategy must be RollingUpdate, one node at a time "
+                   "(maxUnavailable 1, maxSurge 0: two agents on a node refuse each other)")
     for field in ("hostNetwork", "hostPID", "hostIPC"):
         if spec.get(field) is not True:
             out.append(f"{field} must be true")
@@ -458,8 +459,10 @@ def _mount(ds: dict[str, Any], path: str) -> dict[str, Any]:
         "preStop": {"exec": {"command": ["kvagent", "apply"]}}}), "a lifecycle hook"),
     ("kvagent-storage", lambda ds: km.pod_spec(ds).update(terminationGracePeriodSeconds=30),
      "terminationGracePeriodSeconds 30 < kvagent.service's TimeoutStopSec (45 s)"),
-    ("kvagent-gpu", lambda ds: ds["spec"].update(updateStrategy={"type": "RollingUpdate"}),
-     "updateStrategy must be OnDelete"),
+    ("kvagent-gpu", lambda ds: ds["spec"].update(updateStrategy={"type": "OnDelete"}),
+     "updateStrategy must be RollingUpdate"),
+    ("kvagent-storage", lambda ds: ds["spec"]["updateStrategy"]["rollingUpdate"].update(
+        maxSurge=1), "updateStrategy must be RollingUpdate"),
     ("kvagent-gpu", lambda ds: km.volume(ds, "secret-keys")["secret"].update(
         defaultMode=0o644), "the Secret's files have mode 0644"),
     ("kvagent-gpu", lambda ds: km.volume(ds, "config")["configMap"].update(defaultMode=0o666),

@@ -31,6 +31,8 @@ class MountEntry:
     source: str
     options: str  # per-mount options (rw,noatime,...)
     super_options: str = ""  # the filesystem's own (for xfs: prjquota, ...)
+    #: the optional fields: propagation (shared:N, master:N, unbindable)
+    optional: tuple[str, ...] = ()
 
 
 def _unescape(text: str) -> str:
@@ -47,7 +49,8 @@ def parse_mountinfo(text: str) -> list[MountEntry]:
         if len(fields) < 6 or len(tail) < 2:
             continue
         entries.append(MountEntry(_unescape(fields[4]), fields[2], tail[0], _unescape(tail[1]),
-                                  fields[5], tail[2] if len(tail) > 2 else ""))
+                                  fields[5], tail[2] if len(tail) > 2 else "",
+                                  tuple(fields[6:])))
     return entries
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.system.mounts import KernelMountTable
+from agent.system.mounts import KernelMountTable, parse_mountinfo
 
 LINE = "36 35 98:0 / /mnt/{name} rw,noatime - xfs /dev/{name} rw,prjquota\n"
 
@@ -107,3 +107,15 @@ def test_a_forked_child_reads_the_table_afresh(tmp_path: Path) -> None:
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the child kept the parent's table"
     assert [e.mount_point for e in table.entries()] == ["/mnt/a"], "the parent is unchanged"
+
+
+def test_a_mounts_optional_fields_are_its_propagation() -> None:
+    """The fields between the mount options and ' - ' (shared:N, master:N), kept as they
+    are: the fleet's pod tests read a mount's propagation from them."""
+    shared, slave, private = parse_mountinfo(
+        "36 35 98:0 / /var/lib/kvcache rw shared:1 - xfs /dev/nvme0n1 rw\n"
+        "40 39 98:0 / /var/lib/kvcache rw master:1 - xfs /dev/nvme0n1 rw\n"
+        "41 39 0:5 / /dev rw - devtmpfs udev rw\n")
+    assert (shared.optional, slave.optional, private.optional) == (("shared:1",),
+                                                                  ("master:1",), ())
+    assert shared.mount_point == "/var/lib/kvcache" and shared.fstype == "xfs"

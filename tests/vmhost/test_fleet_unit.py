@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agent.system.mounts import parse_mountinfo
+
 from .fleet import REPO, Fleet, build_image, lvm_storage_config, metric, nvmet_tree, root_below
 
 #: Weight: about 13 minutes under TCG beside the tier's other VMs on a 2-core machine
@@ -460,13 +462,7 @@ class Pod:
 def mountinfo(text: str) -> dict[str, tuple[list[str], str]]:
     """Mountinfo lines as {mount point: (optional fields such as shared:N or master:N,
     file system type)}."""
-    found = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if "-" in fields[6:]:
-            sep = fields.index("-", 6)
-            found[fields[4]] = (fields[6:sep], fields[sep + 1])
-    return found
+    return {m.mount_point: (list(m.optional), m.fstype) for m in parse_mountinfo(text)}
 
 
 def pools_view(fleet: Fleet, name: str) -> str:

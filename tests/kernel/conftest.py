@@ -52,3 +52,13 @@ def _no_leftovers():
     if after:
         kit.force_clean()
         pytest.fail("test left these behind (cleaned up now): " + "; ".join(after))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failed phase's report carries the guest kernel's state (kit.stuck_report): a
+    command that hung in the kernel is otherwise a bare timeout in CI's log."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        report.sections.insert(0, ("the guest kernel at the failure", kit.stuck_report()))

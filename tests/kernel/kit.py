@@ -274,6 +274,30 @@ def leftovers() -> list[str]:
     return found
 
 
+def stuck_report(dmesg_lines: int = 40) -> str:
+    """What a failed test's report needs when the guest kernel wedged: the processes in
+    uninterruptible sleep (D) with their kernel stacks, and the end of the kernel log
+    (an emulated drive's timeouts, hung-task warnings). Reads only /proc and the log."""
+    out = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "D":
+                continue
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            stack = (proc / "stack").read_text().strip()
+        except (OSError, IndexError):
+            continue
+        out.append(f"pid {proc.name} (D) {cmd.strip()}\n{stack}")
+    try:
+        log = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log = f"(dmesg: {exc})"
+    out = out or ["no process in uninterruptible sleep"]
+    out.append("dmesg, its end:\n" + "\n".join(log.splitlines()[-dmesg_lines:]))
+    return "\n".join(out)
+
+
 def force_clean() -> None:
     """Best-effort teardown of everything :func:`leftovers` reports (test VM only)."""
     for line in reversed(Path("/proc/self/mounts").read_text().splitlines()):

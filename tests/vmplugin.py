@@ -64,69 +64,42 @@ FAULTHANDLER_TIMEOUT = int(os.environ.get("KVAGENT_VM_FAULTHANDLER", "900"))
 
 class Slots:
     """PARALLEL slots for VMs, handed out by weight: the kernel tier's groups and the
-    host-side tests that boot VMs themselves (``vm_slot``, ``fleet_slot``) share them, so
-    that no more than PARALLEL VMs run at once and a free slot goes to the heaviest request
-    waiting that may take it (groups queue their requests when the tier starts, before any
-    host-side test asks).
-
-    While host-side tests are still to run, one slot is theirs (:meth:`reserve`): the
-    groups share the others. The host-side tests run one after another in the session's
-    own thread, so their chain is the run's longest path; in a full scripts/test it waited
-    586 s for a slot the groups had taken at the start, and the groups were done long
-    before the chain was."""
+    host-side tests that boot VMs themselves (``vm_slot``) share them, so that no more than
+    PARALLEL VMs run at once and a free slot goes to the heaviest request waiting (groups
+    queue their requests when the tier starts, before any host-side test asks)."""
 
     def __init__(self, count: int):
-        self.count = count
         self.free = count
         self.cond = threading.Condition()
-        self.waiting: list[tuple[float, int, bool]] = []
+        self.waiting: list[tuple[float, int]] = []
         self.seq = itertools.count()
-        self.reserved = 0  # slots kept for host-side requests
-        self.host_held = 0  # slots host-side requests hold
 
-    def request(self, weight: float, host_side: bool = False) -> tuple[float, int, bool]:
+    def request(self, weight: float) -> tuple[float, int]:
         with self.cond:
-            ticket = (-weight, next(self.seq), host_side)
+            ticket = (-weight, next(self.seq))
             heapq.heappush(self.waiting, ticket)
             return ticket
 
-    def reserve(self, count: int) -> None:
-        """Keep ``count`` slots (never all of them) for host-side requests; 0 ends it."""
+    def wait(self, ticket: tuple[float, int]) -> None:
         with self.cond:
-            self.reserved = min(count, self.count - 1)
-            self.cond.notify_all()
-
-    def _next(self) -> tuple[float, int, bool] | None:
-        """The heaviest waiting request that may take a slot now."""
-        kept = max(0, self.reserved - self.host_held)
-        for ticket in sorted(self.waiting):
-            if self.free > (0 if ticket[2] else kept):
-                return ticket
-        return None
-
-    def wait(self, ticket: tuple[float, int, bool]) -> None:
-        with self.cond:
-            while self._next() != ticket:
+            while not (self.free > 0 and self.waiting[0] == ticket):
                 self.cond.wait()
-            self.waiting.remove(ticket)
-            heapq.heapify(self.waiting)
+            heapq.heappop(self.waiting)
             self.free -= 1
-            self.host_held += ticket[2]
             self.cond.notify_all()
 
-    def release(self, ticket: tuple[float, int, bool]) -> None:
+    def release(self) -> None:
         with self.cond:
             self.free += 1
-            self.host_held -= ticket[2]
             self.cond.notify_all()
 
     @contextlib.contextmanager
-    def held(self, ticket: tuple[float, int, bool]) -> Iterator[None]:
+    def held(self, ticket: tuple[float, int]) -> Iterator[None]:
         self.wait(ticket)
         try:
             yield
         finally:
-            self.release(ticket)
+            self.release()
 
 
 SLOTS = Slots(PARALLEL)
@@ -328,7 +301,7 @@ def _slot_weight(node: pytest.Item | pytest.Collector) -> float:
 def vm_slot(request: pytest.FixtureRequest) -> Iterator[None]:
     """Hold one of the kernel tier's VM slots while a host-side test boots VMs itself
     (its ``vmhost(weight=...)`` marker ranks it among the groups)."""
-    with SLOTS.held(SLOTS.request(_slot_weight(request.node), host_side=True)):
+    with SLOTS.held(SLOTS.request(_slot_weight(request.node))):
         yield
 
 
@@ -339,7 +312,7 @@ def fleet_slot(request: pytest.FixtureRequest) -> Iterator[None]:
     take the slot between two of the module's tests, and the fleet, booted outside any
     slot, sat idle for a whole group's run with its machines up (more VMs than slots)."""
     asked = time.monotonic()
-    with SLOTS.held(SLOTS.request(_slot_weight(request.node), host_side=True)):
+    with SLOTS.held(SLOTS.request(_slot_weight(request.node))):
         got = time.monotonic()
         yield
         print(f"{CI_LOG}{request.node.nodeid}: its machines held a VM slot for "
@@ -375,11 +348,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     for item in kernel:
         tier.groups.setdefault(group_of(item), []).append(item)
     config.stash[_TIER] = tier
-    # A slot for the host-side VM tests until the last of them is done (Slots).
-    host_side = {i.nodeid for i in items if i.get_closest_marker("vmhost")}
-    if host_side:
-        _HOST_SIDE["left"] = host_side
-        SLOTS.reserve(1)
     # The VMs start now, in the background: host-side tests (power cuts) run meanwhile.
     if not config.option.collectonly:
         tier._start_all()
@@ -391,23 +359,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 _TIER = pytest.StashKey[KernelTier]()
 _LEFT_OUT = pytest.StashKey[list[pytest.Item]]()
-#: The host-side VM tests still to run ("left"), while one slot is kept for them.
-_HOST_SIDE: dict[str, set[str]] = {}
-
-
-@pytest.hookimpl
-def pytest_runtest_logfinish(nodeid: str) -> None:
-    """The last host-side VM test done, teardown included (its fleet down), the groups
-    may take every slot. (logfinish comes after every phase, whatever they raised.)"""
-    left = _HOST_SIDE.get("left")
-    if left and nodeid in left:
-        left.discard(nodeid)
-        if not left:
-            SLOTS.reserve(0)
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    SLOTS.reserve(0)  # (a session cut short: the groups still waiting go on)
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:

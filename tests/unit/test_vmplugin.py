@@ -34,13 +34,6 @@ def _run_group(self, group, ticket):  # records the boot instead of booting
             while len(plugin.SLOTS.waiting) < int(os.environ["QUEUED"]):
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
-        if group == os.environ.get("HOLD_UNTIL_NOTED_GROUP"):
-            # hold the slot until the host-side test noted this line
-            deadline = time.monotonic() + 60
-            while os.environ["HOLD_UNTIL_NOTED"] not in Path(os.environ["BOOTS"]).read_text(
-                    ) if Path(os.environ["BOOTS"]).exists() else True:
-                assert time.monotonic() < deadline, "the host-side test never ran"
-                time.sleep(0.01)
         with open(os.environ["BOOTS"], "a") as f:
             f.write(group + "\\n")
     self.results[group] = {}
@@ -208,25 +201,6 @@ def test_a_fleet_holds_its_slot_from_boot_to_teardown(tmp_path: Path) -> None:
                   more=TWO_GROUPS, KVAGENT_VM_PARALLEL="1", HOLD_UNTIL_QUEUED="long",
                   QUEUED="2")
     assert order == ["long", "boot", "first", "second", "down", "short"]
-
-
-def test_a_slot_is_kept_for_the_host_side_tests_while_any_is_left(tmp_path: Path) -> None:
-    """Two slots: the long group takes one; the short group, queued at the start, does
-    not take the other, which the fleet boots in (the host-side tests run one after
-    another, the run's longest path): short runs only once the fleet is down."""
-    order = boots(tmp_path, "-m", "kernel or vmhost", "-o", "markers=vmhost", tests=FLEET,
-                  more=TWO_GROUPS, KVAGENT_VM_PARALLEL="2", HOLD_UNTIL_NOTED_GROUP="long",
-                  HOLD_UNTIL_NOTED="down")
-    assert order[:4] == ["boot", "first", "second", "down"], order
-    assert sorted(order[4:]) == ["long", "short"]
-
-
-def test_with_no_host_side_test_the_groups_take_every_slot(tmp_path: Path) -> None:
-    """Without host-side tests nothing is kept: the short group runs beside the long one,
-    which holds its slot until the short one is done."""
-    order = boots(tmp_path, "-m", "kernel", tests=TWO_GROUPS, KVAGENT_VM_PARALLEL="2",
-                  HOLD_UNTIL_NOTED_GROUP="long", HOLD_UNTIL_NOTED="short")
-    assert order == ["short", "long"]
 
 
 def test_a_fleets_lines_for_the_ci_log_are_shown_once_with_its_slot_time(

@@ -290,7 +290,7 @@ def stuck_report(dmesg_lines: int = 40) -> str:
             continue
         out.append(f"pid {proc.name} (D) {cmd.strip()}\n{stack}")
     try:
-        log = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
+        log = sh("dmesg", check=False, timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         log = f"(dmesg: {exc})"
     out = out or ["no process in uninterruptible sleep"]
